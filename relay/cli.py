@@ -1,0 +1,177 @@
+"""The `relay` command: the only place that reads Settings and starts things."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from relay import logs
+from relay.errors import RelayError
+from relay.settings import Settings
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 2
+
+
+def settings_help() -> str:
+    """A table of every setting: environment variable, default, meaning."""
+    lines = ["settings (environment variables, or a .env file in the working directory):"]
+    for name, field in Settings.model_fields.items():
+        env = f"RELAY_{name.upper()}"
+        default = field.default
+        shown = "unset" if default is None else (getattr(default, "value", default))
+        lines.append(f"  {env:<26} {field.description} [default: {shown}]")
+    lines.append("  (libpq's PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE apply when "
+                 "RELAY_PG_DSN is unset)")
+    return "\n".join(lines)
+
+
+def load_settings() -> Settings:
+    """Read settings; a bad value raises ConfigError naming the variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            problems.append(f"RELAY_{field.upper()}: {err['msg']} (got {err.get('input')!r})")
+        from relay.errors import ConfigError
+
+        raise ConfigError("invalid setting: " + "; ".join(problems)) from None
+
+
+def _run_async(main: Callable[[], Awaitable[int]]) -> int:
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- sub-commands
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """Apply the schema."""
+    from relay.migrate import migrate
+    from relay.outbox import connect, table_names
+
+    async def main() -> int:
+        conn = await connect(settings, "migrate")
+        try:
+            applied = await migrate(conn, table_names(settings), settings.notify)
+        finally:
+            await conn.close()
+        print(f"migrated {settings.table}: "
+              + (", ".join(applied) if applied else "already up to date")
+              + f" (notify trigger: {settings.notify.value})")
+        return EXIT_OK
+
+    return _run_async(main)
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the relay daemon."""
+    from relay import app
+
+    async def main() -> int:
+        await app.run(settings)
+        return EXIT_OK
+
+    return _run_async(main)
+
+
+def _human(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the backlog."""
+    from relay.outbox import Outbox
+
+    async def main() -> int:
+        outbox = await Outbox.open(settings, size=1)
+        try:
+            status: dict[str, Any] = await outbox.backlog()
+        finally:
+            await outbox.close()
+        status = {"table": settings.table, **status}
+        if args.json:
+            print(json.dumps(status, default=str))
+        else:
+            rows = [
+                ("table", settings.table),
+                ("due rows", status["due"]),
+                ("oldest due row age", _human(status["oldest_due_age_s"])),
+                ("delayed rows", status["delayed"]),
+                ("rows retrying", status["retrying"]),
+                ("dead letters", status["dead"]),
+                ("dead tuples", status["dead_tuples"]),
+                ("last vacuum", _human(status["last_vacuum_age_s"]) + " ago"),
+            ]
+            width = max(len(k) for k, _ in rows)
+            for key, value in rows:
+                print(f"{key:<{width}}  {value}")
+        return EXIT_OK
+
+    return _run_async(main)
+
+
+# ---------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; every sub-command's help ends with the settings table."""
+    epilog = settings_help()
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="relay",
+        description="outbox-relay: moves rows from a PostgreSQL outbox table to RabbitMQ.",
+        epilog=epilog,
+        formatter_class=fmt,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Callable[[argparse.Namespace, Settings], int],
+            help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
+                           formatter_class=fmt)
+        p.set_defaults(handler=handler)
+        return p
+
+    add("migrate", cmd_migrate, "create or upgrade the outbox table and its trigger")
+    add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
+    status = add("status", cmd_status, "show the backlog, dead letters and table health")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `relay` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        logs.configure(settings.log_level, settings.log_format)
+        return int(args.handler(args, settings))
+    except RelayError as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

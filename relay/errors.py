@@ -1,0 +1,30 @@
+"""The relay's exceptions. Driver errors are translated into these where they enter."""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """The relay failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(RelayError):
+    """A setting is invalid."""
+
+
+class DatabaseError(RelayError):
+    """PostgreSQL is unreachable or refused a statement."""
+
+
+class BrokerError(RelayError):
+    """RabbitMQ is unreachable or closed the connection."""
+
+
+class SchemaError(RelayError):
+    """The outbox table is missing or not migrated: run `relay migrate`."""
+
+
+class InvalidRow(RelayError):
+    """A row can never be published as it is (bad options, too large); it goes to dead letters."""

@@ -1,0 +1,48 @@
+"""`relay migrate`: versioned SQL from sql/migrations, serialised by an advisory lock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import structlog
+
+from relay.errors import DatabaseError
+from relay.outbox import DB_ERRORS
+from relay.queries import Queries, TableNames, sql_dir
+from relay.settings import NotifyMode
+
+log = structlog.get_logger("relay.migrate")
+
+
+def migration_files() -> list[Path]:
+    """The versioned migrations in apply order (file names sort by version)."""
+    return sorted((sql_dir() / "migrations").glob("*.sql"))
+
+
+async def migrate(conn: asyncpg.Connection, names: TableNames, notify: NotifyMode) -> list[str]:
+    """Apply pending migrations and install the trigger for `notify`; return versions applied.
+
+    One transaction holds a transaction-level advisory lock, so concurrent runs wait for each
+    other and the second finds nothing left to do.
+    """
+    q = Queries(names)
+    target = names.placeholders()["table_literal"].strip("'")
+    applied_now: list[str] = []
+    try:
+        async with conn.transaction():
+            await conn.execute(q["migration_lock"])
+            await conn.execute(q["create_migrations_table"])
+            done = {r["version"] for r in await conn.fetch(q["applied_migrations"], target)}
+            for path in migration_files():
+                version = path.stem
+                if version in done:
+                    continue
+                await conn.execute(names.render(path.read_text(encoding="utf-8")))
+                await conn.execute(q["record_migration"], target, version)
+                applied_now.append(version)
+                log.info("migration_applied", version=version, table=target)
+            await conn.execute(q[f"install_trigger_{notify.value}"])
+    except DB_ERRORS as exc:
+        raise DatabaseError(f"migration failed: {exc}") from exc
+    return applied_now

@@ -1,0 +1,125 @@
+"""Row `options` -> AMQP message properties. Accepts amqplib's camelCase and snake_case names."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from relay.errors import InvalidRow
+
+DEFAULT_CONTENT_TYPE = "application/json"
+PERSISTENT = 2
+TRANSIENT = 1
+
+
+class PublishOptions(BaseModel):
+    """The publish options a row may carry; any other name is rejected."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    content_type: str | None = Field(default=None, alias="contentType", max_length=255)
+    content_encoding: str | None = Field(default=None, alias="contentEncoding", max_length=255)
+    persistent: bool | None = None
+    delivery_mode: Literal[1, 2] | bool | None = Field(default=None, alias="deliveryMode")
+    headers: dict[str, Any] | None = None
+    priority: int | None = Field(default=None, ge=0, le=255)
+    correlation_id: str | None = Field(default=None, alias="correlationId", max_length=255)
+    reply_to: str | None = Field(default=None, alias="replyTo", max_length=255)
+    expiration: str | int | None = None
+    message_id: str | None = Field(default=None, alias="messageId", max_length=255)
+    timestamp: int | None = Field(default=None, ge=0)
+    type: str | None = Field(default=None, max_length=255)
+    user_id: str | None = Field(default=None, alias="userId", max_length=255)
+    app_id: str | None = Field(default=None, alias="appId", max_length=255)
+    mandatory: bool | None = None
+
+    @field_validator("expiration")
+    @classmethod
+    def _expiration_ms(cls, value: str | int | None) -> str | int | None:
+        if value is None:
+            return None
+        text = str(value)
+        if not text.isdigit():
+            raise ValueError("must be a non-negative number of milliseconds")
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class Properties:
+    """AMQP basic properties for one row, independent of the client library."""
+
+    content_type: str = DEFAULT_CONTENT_TYPE
+    content_encoding: str | None = None
+    delivery_mode: int = PERSISTENT
+    headers: dict[str, Any] | None = field(default=None, hash=False)
+    priority: int | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    expiration: str | None = None
+    message_id: str | None = None
+    timestamp: datetime | None = None
+    type: str | None = None
+    user_id: str | None = None
+    app_id: str | None = None
+    mandatory: bool | None = None
+
+
+def _delivery_mode(opts: PublishOptions) -> int:
+    if opts.persistent is not None:
+        return PERSISTENT if opts.persistent else TRANSIENT
+    if opts.delivery_mode is None:
+        return PERSISTENT
+    if isinstance(opts.delivery_mode, bool):
+        return PERSISTENT if opts.delivery_mode else TRANSIENT
+    return opts.delivery_mode
+
+
+def _reason(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "options"
+    if first["type"] == "extra_forbidden":
+        return f"options.{where}: unknown option"
+    return f"options.{where}: {first['msg']}"
+
+
+@lru_cache(maxsize=4096)
+def parse_options(text: str | None) -> Properties:
+    """Validate a row's options JSON text; raise InvalidRow naming the offending field.
+
+    Cached by text: rows of one producer usually share their options verbatim.
+    """
+    if text is None or text == "null":
+        return Properties()
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRow(f"options: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise InvalidRow("options: must be a JSON object")
+    try:
+        opts = PublishOptions.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidRow(_reason(exc)) from None
+    return Properties(
+        content_type=opts.content_type or DEFAULT_CONTENT_TYPE,
+        content_encoding=opts.content_encoding,
+        delivery_mode=_delivery_mode(opts),
+        headers=opts.headers,
+        priority=opts.priority,
+        correlation_id=opts.correlation_id,
+        reply_to=opts.reply_to,
+        expiration=None if opts.expiration is None else str(opts.expiration),
+        message_id=opts.message_id,
+        timestamp=None
+        if opts.timestamp is None
+        else datetime.fromtimestamp(opts.timestamp, tz=UTC),
+        type=opts.type,
+        user_id=opts.user_id,
+        app_id=opts.app_id,
+        mandatory=opts.mandatory,
+    )

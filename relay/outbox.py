@@ -1,0 +1,206 @@
+"""The store: every database call of the relay loop (asyncpg lives here and in listener.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+
+from relay.errors import DatabaseError, SchemaError
+from relay.interfaces import OutboxRow, Settlement
+from relay.queries import Queries, TableNames
+from relay.settings import OnSuccess, Settings, redact_url
+
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+
+_LIBPQ_KEYS = {"dbname": "database", "sslmode": "ssl", "connect_timeout": None}
+
+
+def table_names(settings: Settings) -> TableNames:
+    """The quoted names of the configured outbox table and its companions."""
+    return TableNames(settings.table_schema, settings.table_name, settings.notify_channel)
+
+
+def _parse_keyword_dsn(dsn: str) -> dict[str, Any]:
+    """libpq `key=value` DSNs (asyncpg only reads URLs) -> asyncpg connect() arguments."""
+    out: dict[str, Any] = {}
+    for token in dsn.split():
+        if "=" not in token:
+            raise DatabaseError(f"RELAY_PG_DSN: cannot parse {token!r} (expected key=value)")
+        key, value = token.split("=", 1)
+        mapped = _LIBPQ_KEYS.get(key, key)
+        if mapped is not None:
+            out[mapped] = value.strip("'")
+    return out
+
+
+def connect_args(settings: Settings, role: str) -> dict[str, Any]:
+    """asyncpg.connect() arguments: DSN, application_name, keepalives, transaction bounds."""
+    args: dict[str, Any] = {}
+    if settings.pg_dsn and "://" in settings.pg_dsn:
+        args["dsn"] = settings.pg_dsn
+    elif settings.pg_dsn:
+        args.update(_parse_keyword_dsn(settings.pg_dsn))
+    app_name = f"outbox-relay {role} {socket.gethostname()} {os.getpid()}"[:63]
+    # A relay cut off mid-batch must not hold its rows locked much longer than a batch may take.
+    idle_ms = int((settings.publish_timeout_s + 10) * 1000)
+    args["server_settings"] = {
+        "application_name": app_name,
+        "idle_in_transaction_session_timeout": str(idle_ms),
+        "tcp_keepalives_idle": "10",
+        "tcp_keepalives_interval": "5",
+        "tcp_keepalives_count": "3",
+    }
+    args["timeout"] = 10
+    args["command_timeout"] = max(30.0, settings.publish_timeout_s * 2)
+    return args
+
+
+async def connect(settings: Settings, role: str) -> asyncpg.Connection:
+    """One connection, with errors translated into DatabaseError (password redacted)."""
+    try:
+        return await asyncpg.connect(**connect_args(settings, role))
+    except DB_ERRORS as exc:
+        where = redact_url(settings.pg_dsn)
+        raise DatabaseError(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
+
+
+class _Claim:
+    """Rows locked by one open transaction."""
+
+    def __init__(self, conn: asyncpg.Connection, queries: Queries, rows: list[OutboxRow],
+                 on_success: OnSuccess) -> None:
+        self._conn = conn
+        self._q = queries
+        self.rows: Sequence[OutboxRow] = rows
+        self._on_success = on_success
+
+    async def settle(self, settlement: Settlement) -> None:
+        """Write every row's fate; the caller's transaction commits it."""
+        try:
+            if settlement.published:
+                name = "archive_published" if self._on_success is OnSuccess.ARCHIVE else "delete_published"
+                await self._conn.execute(self._q[name], settlement.published)
+            if settlement.retry:
+                ids, errors, delays = zip(*settlement.retry, strict=True)
+                await self._conn.execute(self._q["reschedule_failed"], ids, errors, delays)
+            if settlement.dead:
+                ids, reasons, counted = zip(*settlement.dead, strict=True)
+                await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
+                await self._conn.execute(self._q["notify_dead"], str(len(ids)))
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"settling a batch failed: {exc}") from exc
+
+
+class Outbox:
+    """Claims, settles and reports on the outbox table through a small connection pool."""
+
+    def __init__(self, pool: asyncpg.Pool, queries: Queries, on_success: OnSuccess) -> None:
+        self._pool = pool
+        self.q = queries
+        self._on_success = on_success
+
+    @classmethod
+    async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
+        """Open the pool (fails fast with DatabaseError) and check the table is migrated."""
+        n = size or settings.concurrency + 1
+        try:
+            pool = await asyncpg.create_pool(
+                min_size=1, max_size=n, **connect_args(settings, "worker")
+            )
+        except DB_ERRORS as exc:
+            where = redact_url(settings.pg_dsn)
+            raise DatabaseError(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
+        assert pool is not None
+        outbox = cls(pool, Queries(table_names(settings)), settings.on_success)
+        try:
+            exists = await pool.fetchval(outbox.q["table_exists"])
+        except DB_ERRORS as exc:
+            await pool.close()
+            raise DatabaseError(f"checking the outbox table failed: {exc}") from exc
+        if not exists:
+            await pool.close()
+            raise SchemaError(f"table {settings.table} does not exist: run `relay migrate` first")
+        return outbox
+
+    async def close(self) -> None:
+        """Close the pool; connections in use are terminated after a short grace."""
+        try:
+            await self._pool.close()
+        except DB_ERRORS:
+            self._pool.terminate()
+
+    def terminate(self) -> None:
+        """Close every connection at once (hard stop); open transactions roll back."""
+        self._pool.terminate()
+
+    @asynccontextmanager
+    async def claim(self, limit: int) -> AsyncIterator[_Claim]:
+        """Lock up to `limit` due rows in a transaction that commits when the block exits."""
+        try:
+            conn = await self._pool.acquire()
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"no database connection: {exc}") from exc
+        try:
+            tx = conn.transaction()
+            try:
+                await tx.start()
+                records = await conn.fetch(self.q["claim_batch"], limit)
+            except asyncpg.UndefinedTableError as exc:
+                raise SchemaError() from exc
+            except DB_ERRORS as exc:
+                raise DatabaseError(f"claiming rows failed: {exc}") from exc
+            batch = _Claim(conn, self.q, [OutboxRow(*r) for r in records], self._on_success)
+            try:
+                yield batch
+            except BaseException:
+                if not conn.is_closed():
+                    try:
+                        await tx.rollback()
+                    except DB_ERRORS:
+                        conn.terminate()
+                raise
+            try:
+                await tx.commit()
+            except DB_ERRORS as exc:
+                raise DatabaseError(f"commit failed: {exc}") from exc
+        finally:
+            await self._release(conn)
+
+    async def _release(self, conn: asyncpg.Connection) -> None:
+        try:
+            await self._pool.release(conn)
+        except DB_ERRORS:
+            conn.terminate()
+
+    async def seconds_until_next_due(self) -> float | None:
+        """Seconds until the earliest delayed row becomes due; None when no row waits."""
+        try:
+            value = await self._pool.fetchval(self.q["seconds_until_next_due"])
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"reading the next due time failed: {exc}") from exc
+        return None if value is None else max(float(value), 0.0)
+
+    async def backlog(self) -> dict[str, Any]:
+        """Counts and ages for `relay status` and metrics."""
+        try:
+            row = await self._pool.fetchrow(self.q["backlog"])
+            dead = await self._pool.fetchval(self.q["dead_count"])
+            health = await self._pool.fetchrow(self.q["table_health"])
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"reading the backlog failed: {exc}") from exc
+        assert row is not None
+        out = dict(row)
+        out["dead"] = dead
+        out["dead_tuples"] = health["n_dead_tup"] if health else None
+        out["last_vacuum_age_s"] = health["vacuum_age_s"] if health else None
+        return out

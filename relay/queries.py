@@ -1,0 +1,97 @@
+"""Loads sql/queries.sql (every SQL statement of the relay) into a name -> SQL mapping.
+
+Statements name tables through placeholders ({table}, {dead}, {archive}, ...) that are filled
+only with quoted identifiers derived from validated settings, never with values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+def sql_dir() -> Path:
+    """The folder of SQL files: sql/ in a checkout, relay/sql when installed as a wheel."""
+    packaged = Path(str(resources.files("relay"))) / "sql"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "sql"
+
+
+def quote_ident(name: str) -> str:
+    """Quote one SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class TableNames:
+    """Quoted names of the relay's tables and objects for one outbox table."""
+
+    schema: str | None
+    name: str
+    channel: str
+
+    def _q(self, suffix: str = "") -> str:
+        base = quote_ident(self.name + suffix)
+        return f"{quote_ident(self.schema)}.{base}" if self.schema else base
+
+    def placeholders(self) -> dict[str, str]:
+        """Values for the {placeholders} in SQL text."""
+        return {
+            "table": self._q(),
+            "dead": self._q("_dead"),
+            "archive": self._q("_archive"),
+            "relays": self._q("_relays"),
+            "notify_fn": self._q("_notify_stmt"),
+            "notify_trigger": quote_ident(self.name + "_notify"),
+            "migrations": (
+                f"{quote_ident(self.schema)}.relay_migrations"
+                if self.schema
+                else "relay_migrations"
+            ),
+            "schema": quote_ident(self.schema) if self.schema else "public",
+            "table_literal": "'" + self._q().replace("'", "''") + "'",
+            "name": self.name,
+            "channel": self.channel,
+            "channel_literal": "'" + self.channel + "'",
+            "dead_channel_literal": "'" + self.name + "_dead'",
+        }
+
+    def render(self, sql: str) -> str:
+        """Fill the {placeholders} of one statement; other braces (JSON, arrays) stay."""
+        values = self.placeholders()
+        return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), sql)
+
+
+def parse(text: str) -> dict[str, str]:
+    """Split a queries file into {name: statement}."""
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = body.strip().rstrip(";")
+    return queries
+
+
+@cache
+def raw_queries() -> dict[str, str]:
+    """All named statements of sql/queries.sql, unrendered."""
+    return parse((sql_dir() / "queries.sql").read_text(encoding="utf-8"))
+
+
+class Queries:
+    """The named statements rendered for one outbox table."""
+
+    def __init__(self, names: TableNames) -> None:
+        self.names = names
+        self._sql = {k: names.render(v) for k, v in raw_queries().items()}
+
+    def __getitem__(self, name: str) -> str:
+        return self._sql[name]

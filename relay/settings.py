@@ -1,0 +1,196 @@
+"""Configuration: environment variables with the RELAY_ prefix, a .env file, libpq fallback."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+_TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
+
+
+class OnSuccess(StrEnum):
+    """What happens to a row once the broker confirmed it."""
+
+    DELETE = "delete"
+    ARCHIVE = "archive"
+
+
+class NotifyMode(StrEnum):
+    """How producers wake relays: always, only while a relay sleeps, or never (polling)."""
+
+    CONDITIONAL = "conditional"
+    ALWAYS = "always"
+    OFF = "off"
+
+
+def _env(name: str) -> Any:
+    """Accept RELAY_<NAME>_S and the unit-less RELAY_<NAME> spelling of a duration."""
+    return AliasChoices(f"RELAY_{name}_S", f"RELAY_{name}")
+
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class Settings(BaseSettings):
+    """Every knob of the relay. Each field reads RELAY_<FIELD> from the environment or .env."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAY_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        secrets_dir=None,
+        populate_by_name=True,
+    )
+
+    pg_dsn: str | None = Field(
+        default=None,
+        description="PostgreSQL DSN or URL. Unset: the libpq variables (PGHOST, PGDATABASE, "
+        "PGUSER, PGPASSWORD, PGPORT) apply, as for psql.",
+    )
+    amqp_url: str = Field(
+        default="amqp://guest:guest@localhost:5672/",
+        description="RabbitMQ URL (amqp:// or amqps://).",
+    )
+    table: str = Field(
+        default="queue_message",
+        description="Outbox table, optionally schema-qualified (schema.table).",
+    )
+    notify_channel: str = Field(
+        default="queue_message_notify",
+        description="LISTEN/NOTIFY channel the trigger notifies.",
+    )
+    batch_size: int = Field(
+        default=500, ge=1, le=10_000, description="Rows claimed and published per batch."
+    )
+    concurrency: int = Field(
+        default=3, ge=1, le=64, description="Batches in flight per process (one DB connection each)."
+    )
+    poll_interval_s: Seconds = Field(
+        default=5.0,
+        validation_alias=_env("POLL_INTERVAL"),
+        description="Seconds between safety sweeps when no notification arrives.",
+    )
+    publish_timeout_s: Seconds = Field(
+        default=15.0,
+        validation_alias=_env("PUBLISH_TIMEOUT"),
+        description="Seconds to wait for the broker to confirm a batch before it is retried.",
+    )
+    mandatory: bool = Field(
+        default=True,
+        description="Publish with mandatory: an unroutable message is a failure, not a success.",
+    )
+    max_attempts: int = Field(
+        default=10, ge=1, description="Publish attempts before a row is dead-lettered."
+    )
+    retry_base_s: Seconds = Field(
+        default=1.0,
+        validation_alias=_env("RETRY_BASE"),
+        description="Seconds of the first retry delay; doubles per attempt, with jitter.",
+    )
+    retry_max_s: Seconds = Field(
+        default=300.0,
+        validation_alias=_env("RETRY_MAX"),
+        description="Seconds: upper bound of a retry delay.",
+    )
+    on_success: OnSuccess = Field(
+        default=OnSuccess.DELETE,
+        description="delete: remove published rows; archive: move them to <table>_archive.",
+    )
+    notify: NotifyMode = Field(
+        default=NotifyMode.ALWAYS,
+        description="Trigger mode installed by migrate: always, conditional, off (polling).",
+    )
+    shutdown_timeout_s: Seconds = Field(
+        default=20.0,
+        validation_alias=_env("SHUTDOWN_TIMEOUT"),
+        description="Seconds a stop may take to finish in-flight batches before rolling back.",
+    )
+    reconnect_max_s: Seconds = Field(
+        default=30.0,
+        validation_alias=_env("RECONNECT_MAX"),
+        description="Seconds: upper bound of the reconnect backoff to either server.",
+    )
+    http_port: int = Field(
+        default=0, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz; 0 = off."
+    )
+    http_host: str = Field(default="0.0.0.0", description="Address the HTTP endpoint binds.")  # noqa: S104
+    ready_max_lag_s: Seconds = Field(
+        default=60.0,
+        validation_alias=_env("READY_MAX_LAG"),
+        description="Seconds: /readyz fails while the oldest due row is older than this.",
+    )
+    log_level: str = Field(default="info", description="debug, info, warning or error.")
+    log_format: str = Field(
+        default="auto", description="json, console, or auto (console on a terminal)."
+    )
+
+    @field_validator("table")
+    @classmethod
+    def _table_is_identifier(cls, value: str) -> str:
+        if not _TABLE_RE.match(value):
+            raise ValueError("must be an identifier or schema.identifier (letters, digits, _)")
+        return value
+
+    @field_validator("notify_channel")
+    @classmethod
+    def _channel_is_identifier(cls, value: str) -> str:
+        if not re.fullmatch(_IDENT, value):
+            raise ValueError("must be an identifier (letters, digits, _)")
+        return value
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _amqp_scheme(cls, value: str) -> str:
+        if urlsplit(value).scheme not in {"amqp", "amqps"}:
+            raise ValueError("must start with amqp:// or amqps://")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be debug, info, warning or error")
+        return value.lower()
+
+    @field_validator("log_format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        if value.lower() not in {"json", "console", "auto"}:
+            raise ValueError("must be json, console or auto")
+        return value.lower()
+
+    @property
+    def table_schema(self) -> str | None:
+        """The schema part of `table`, or None for the search path."""
+        match = _TABLE_RE.match(self.table)
+        assert match is not None
+        return match.group(1)
+
+    @property
+    def table_name(self) -> str:
+        """The unqualified table name."""
+        match = _TABLE_RE.match(self.table)
+        assert match is not None
+        return match.group(2)
+
+
+def redact_url(url: str | None) -> str:
+    """Return a URL or libpq DSN with any password replaced by ***."""
+    if not url:
+        return "<libpq defaults>"
+    if "://" in url:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", url)
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        redacted = parts._replace(netloc=f"{user}:***@{netloc[1]}")
+        return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", urlunsplit(redacted))
+    return re.sub(r"(?i)(password\s*=\s*)('[^']*'|\S+)", r"\1***", url)

@@ -1,0 +1,192 @@
+"""The relay loop: sweep, wait for a wake-up (or the poll / next due time), drain, stop.
+
+It knows no driver: it talks to a Store and a Publisher (relay/interfaces.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from relay.errors import DatabaseError, InvalidRow
+from relay.interfaces import Message, OutboxRow, Publisher, PublishResult, Store
+from relay.options import parse_options
+from relay.retry import RetryPolicy, plan_settlement
+
+log = structlog.get_logger("relay.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """The loop's knobs (see relay/settings.py for their meaning)."""
+
+    batch_size: int = 500
+    concurrency: int = 3
+    poll_interval_s: float = 5.0
+    mandatory: bool = True
+    max_message_bytes: int = 16 * 1024 * 1024
+    retry: RetryPolicy = RetryPolicy(max_attempts=10, base_s=1.0, max_s=300.0)
+    db_retry_max_s: float = 30.0
+
+
+def build_messages(
+    rows: Sequence[OutboxRow], *, mandatory: bool, max_message_bytes: int
+) -> tuple[list[Message], dict[str, str]]:
+    """Turn rows into messages; rows that can never be published come back with a reason."""
+    messages: list[Message] = []
+    invalid: dict[str, str] = {}
+    for row in rows:
+        body = row.content.encode()
+        if len(body) > max_message_bytes:
+            invalid[row.id] = (
+                f"content: {len(body)} bytes exceeds the maximum message size "
+                f"({max_message_bytes} bytes)"
+            )
+            continue
+        try:
+            props = parse_options(row.options)
+        except InvalidRow as exc:
+            invalid[row.id] = str(exc)
+            continue
+        flag = mandatory if props.mandatory is None else props.mandatory
+        messages.append(Message(row.id, row.exchange, row.routing_key, body, props, flag))
+    return messages, invalid
+
+
+class Worker:
+    """Drains due rows with `concurrency` batches in flight; sleeps until woken or due."""
+
+    def __init__(self, store: Store, publisher: Publisher, config: WorkerConfig) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.config = config
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.published_total = 0
+        self.last_loop_at = time.monotonic()
+
+    def wake(self) -> None:
+        """Ask for a sweep now (called on NOTIFY and after reconnects)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight batches finish. Safe to call twice."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """stop() was called."""
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        """Sweep at once, then drain on every wake-up until stop()."""
+        self._wake.set()
+        db_delay = 0.2
+        db_outage = False
+        while not self.stopping:
+            timeout = await self._sleep_budget_s()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            self.last_loop_at = time.monotonic()
+            if self.stopping:
+                break
+            self._wake.clear()
+            try:
+                await self.drain()
+            except DatabaseError as exc:
+                if not db_outage:
+                    log.warning("database_unavailable", error=str(exc))
+                    db_outage = True
+                await self._pause(random.uniform(db_delay / 2, db_delay))
+                db_delay = min(db_delay * 2, self.config.db_retry_max_s)
+                self._wake.set()
+                continue
+            if db_outage:
+                log.info("database_reconnected")
+            db_outage, db_delay = False, 0.2
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    async def _sleep_budget_s(self) -> float:
+        """Poll interval, or less when a delayed row falls due sooner."""
+        if self._wake.is_set():
+            return 0.0
+        try:
+            due = await self.store.seconds_until_next_due()
+        except DatabaseError:
+            return self.config.poll_interval_s
+        if due is None:
+            return self.config.poll_interval_s
+        return min(self.config.poll_interval_s, due + 0.005)
+
+    async def drain(self) -> None:
+        """Run `concurrency` lanes until none finds a full batch of due rows."""
+        lanes = [asyncio.ensure_future(self._lane()) for _ in range(self.config.concurrency)]
+        try:
+            await asyncio.gather(*lanes)
+        finally:
+            for lane in lanes:
+                lane.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
+
+    async def _lane(self) -> None:
+        while not self.stopping:
+            if not self.publisher.ready:
+                await self._wait_broker()
+                if self.stopping:
+                    return
+            claimed = await self.run_batch()
+            if claimed < self.config.batch_size:
+                return
+
+    async def _wait_broker(self) -> None:
+        ready = asyncio.ensure_future(self.publisher.wait_ready())
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({ready, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (ready, stop):
+                task.cancel()
+            await asyncio.gather(ready, stop, return_exceptions=True)
+
+    async def run_batch(self) -> int:
+        """Claim, publish, settle and commit one batch; return the number of rows claimed."""
+        started = time.perf_counter()
+        cfg = self.config
+        async with self.store.claim(cfg.batch_size) as batch:
+            rows = batch.rows
+            if not rows:
+                return 0
+            messages, invalid = build_messages(
+                rows, mandatory=cfg.mandatory, max_message_bytes=cfg.max_message_bytes
+            )
+            result = await self.publisher.publish(messages) if messages else PublishResult()
+            settlement = plan_settlement(rows, result, invalid, cfg.retry)
+            await batch.settle(settlement)
+        self.published_total += len(settlement.published)
+        if result.unsent:
+            # Left untouched for a later pass; make sure one happens once the broker is back.
+            self._wake.set()
+        log.debug(
+            "batch_settled",
+            claimed=len(rows),
+            published=len(settlement.published),
+            retried=len(settlement.retry),
+            dead=len(settlement.dead),
+            unsent=len(result.unsent),
+            elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        for row_id, error, delay_s in settlement.retry:
+            log.info("publish_failed", id=row_id, error=error, retry_in_s=round(delay_s, 2))
+        for row_id, reason, _ in settlement.dead:
+            log.warning("dead_lettered", id=row_id, reason=reason)
+        return len(rows)
