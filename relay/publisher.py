@@ -115,7 +115,7 @@ class AmqpPublisher:
                 self.url, client_properties={"connection_name": self.connection_name}
             )
             await self._open_channels()
-        except (*_BROKER_LOST, asyncio.TimeoutError) as exc:
+        except (TimeoutError, *_BROKER_LOST) as exc:
             await self._drop()
             raise BrokerError(f"cannot reach RabbitMQ at {redact_url(self.url)}: {exc}") from exc
 
@@ -134,7 +134,7 @@ class AmqpPublisher:
         if conn is not None:
             try:
                 await asyncio.wait_for(conn.close(), timeout=5)
-            except Exception as exc:  # noqa: BLE001 - closing a dead connection may fail any way
+            except Exception as exc:
                 log.debug("broker_close_failed", error=str(exc))
 
     @property

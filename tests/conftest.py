@@ -1,0 +1,148 @@
+"""Shared fixtures: real servers, one database per test (cloned from a migrated template),
+unique exchange and queue names per test."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import pytest
+
+from relay.migrate import migrate
+from relay.queries import TableNames
+from relay.settings import NotifyMode
+from tests import services
+from tests.helpers import Consumer, Env, RelayProcess, with_database
+
+RUN_ID = secrets.token_hex(3)
+_counter = iter(range(1, 1_000_000))
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn() -> Iterator[str]:
+    """Admin DSN of the test PostgreSQL server (fails loudly when there is none)."""
+    try:
+        dsn = services.find_postgres()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield dsn
+    services.stop_containers()
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """URL of the test RabbitMQ (fails loudly when there is none)."""
+    try:
+        return services.find_rabbitmq()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+async def _drop_database(admin: asyncpg.Connection, name: str) -> None:
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg_admin_dsn: str) -> AsyncIterator[str]:
+    """A database migrated once per run; each test clones it."""
+    name = f"relay_tpl_{RUN_ID}"
+    admin = await asyncpg.connect(pg_admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        conn = await asyncpg.connect(with_database(pg_admin_dsn, name))
+        try:
+            await migrate(conn, TableNames(None, "queue_message", "queue_message_notify"),
+                          NotifyMode.ALWAYS)
+        finally:
+            await conn.close()
+        yield name
+    finally:
+        await _drop_database(admin, name)
+        await admin.close()
+
+
+@pytest.fixture
+async def empty_db(pg_admin_dsn: str) -> AsyncIterator[str]:
+    """DSN of a fresh, empty database of this test's own."""
+    name = f"relay_t_{RUN_ID}_{next(_counter)}"
+    admin = await asyncpg.connect(pg_admin_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(pg_admin_dsn, name)
+    finally:
+        await _drop_database(admin, name)
+        await admin.close()
+
+
+@pytest.fixture
+async def db(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """DSN of a migrated database of this test's own."""
+    name = f"relay_t_{RUN_ID}_{next(_counter)}"
+    admin = await asyncpg.connect(pg_admin_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    try:
+        yield with_database(pg_admin_dsn, name)
+    finally:
+        await _drop_database(admin, name)
+        await admin.close()
+
+
+@pytest.fixture
+async def broker_names(amqp_url: str) -> AsyncIterator[tuple[str, str]]:
+    """A direct exchange and a durable queue bound to it with key 'rk', unique to this test."""
+    prefix = f"relay-test-{RUN_ID}-{next(_counter)}"
+    exchange, queue = f"{prefix}-x", f"{prefix}-q"
+    conn = await aio_pika.connect(amqp_url)
+    channel = await conn.channel()
+    x = await channel.declare_exchange(exchange, aio_pika.ExchangeType.DIRECT, durable=True)
+    q = await channel.declare_queue(queue, durable=True)
+    await q.bind(x, "rk")
+    try:
+        yield exchange, queue
+    finally:
+        channel = await conn.channel()
+        await channel.queue_delete(queue)
+        await channel.exchange_delete(exchange)
+        await conn.close()
+
+
+@pytest.fixture
+async def env(db: str, amqp_url: str, broker_names: tuple[str, str]) -> Env:
+    """Everything a test's relay needs: migrated database, exchange, queue."""
+    exchange, queue = broker_names
+    return Env(pg_dsn=db, amqp_url=amqp_url, exchange=exchange, queue=queue)
+
+
+@pytest.fixture
+async def consumer(env: Env) -> AsyncIterator[Consumer]:
+    """A consumer of the test's queue, started."""
+    c = await Consumer(env.amqp_url, env.queue).start()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+@pytest.fixture
+def relays(tmp_path: Path) -> Iterator[list[RelayProcess]]:
+    """Relay processes a test starts; any still running are killed at teardown."""
+    started: list[RelayProcess] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+@pytest.fixture
+def start_relay(env: Env, relays: list[RelayProcess], tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Start a real `relay run` process for this test's env (settings as keyword overrides)."""
+
+    def start(**overrides: object) -> RelayProcess:
+        log_path = tmp_path / f"relay-{len(relays)}.log"
+        proc = RelayProcess(env.relay_env(**overrides), log_path).start()
+        relays.append(proc)
+        return proc
+
+    return start

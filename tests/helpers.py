@@ -1,0 +1,210 @@
+"""Test helpers: real relay processes, a real consumer, row producers, condition waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+
+RELAY_BIN = str(Path(sys.executable).with_name("relay"))
+
+
+def with_database(dsn: str, database: str) -> str:
+    """The same server DSN, pointing at another database."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool] | bool],
+    *,
+    timeout_s: float = 30.0,
+    interval_s: float = 0.05,
+    what: str = "condition",
+) -> None:
+    """Poll a condition (sync or async) until true; fail with `what` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+@dataclass
+class Env:
+    """Where one test's relay points: its database, broker, exchange and queue."""
+
+    pg_dsn: str
+    amqp_url: str
+    exchange: str
+    queue: str
+    routing_key: str = "rk"
+
+    def relay_env(self, **overrides: Any) -> dict[str, str]:
+        """Environment for a `relay` subprocess."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        env.update(
+            RELAY_PG_DSN=self.pg_dsn,
+            RELAY_AMQP_URL=self.amqp_url,
+            RELAY_POLL_INTERVAL_S="2",
+            RELAY_LOG_FORMAT="json",
+            RELAY_LOG_LEVEL="info",
+        )
+        env.update({f"RELAY_{k.upper()}": str(v) for k, v in overrides.items()})
+        return env
+
+
+class RelayProcess:
+    """A real `relay run` subprocess; its output goes to a log file the test can read."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, command: str = "run") -> None:
+        self.env = env
+        self.log_path = log_path
+        self.command = command
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RelayProcess:
+        """Start the process (appending to its log)."""
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [RELAY_BIN, self.command], env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        """The process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait; return the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log_events(self) -> list[dict[str, Any]]:
+        """The JSON log lines written so far."""
+        events = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue
+        return events
+
+    def log_text(self) -> str:
+        """The whole log."""
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class Consumer:
+    """Consumes one queue and records every message (body, properties) it receives."""
+
+    amqp_url: str
+    queue: str
+    messages: list[aio_pika.abc.AbstractIncomingMessage] = field(default_factory=list)
+    _conn: Any = None
+
+    async def start(self) -> Consumer:
+        """Connect and start consuming."""
+        self._conn = await aio_pika.connect(self.amqp_url)
+        channel = await self._conn.channel()
+        await channel.set_qos(prefetch_count=1000)
+        queue = await channel.get_queue(self.queue, ensure=True)
+        await queue.consume(self._on_message, no_ack=True)
+        return self
+
+    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        self.messages.append(message)
+
+    async def stop(self) -> None:
+        """Close the connection."""
+        if self._conn is not None:
+            await self._conn.close()
+
+    def ids(self) -> list[str]:
+        """message_id of every message received, in order."""
+        return [str(m.message_id) for m in self.messages]
+
+    def bodies(self) -> list[Any]:
+        """Decoded JSON bodies, in order."""
+        return [json.loads(m.body) for m in self.messages]
+
+    def duplicates(self) -> int:
+        """How many receipts were repeats of an earlier message_id."""
+        return sum(n - 1 for n in Counter(self.ids()).values())
+
+    async def wait_for(self, count: int, timeout_s: float = 30.0) -> None:
+        """Wait until at least `count` distinct message ids arrived."""
+        await wait_until(
+            lambda: len(set(self.ids())) >= count,
+            timeout_s=timeout_s,
+            what=f"{count} distinct messages (have {len(set(self.ids()))})",
+        )
+
+
+async def insert_rows(
+    dsn: str,
+    exchange: str,
+    routing_key: str,
+    bodies: Iterable[Any],
+    *,
+    options: dict[str, Any] | None = None,
+    table: str = "queue_message",
+) -> list[str]:
+    """Insert rows with the classic INSERT in one transaction; return their ids."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            f"INSERT INTO {table} (exchange, routing_key, content, options) "
+            "SELECT $1, $2, c::jsonb, $4::jsonb FROM unnest($3::text[]) AS c RETURNING id::text",
+            exchange,
+            routing_key,
+            [json.dumps(b) for b in bodies],
+            None if options is None else json.dumps(options),
+        )
+    finally:
+        await conn.close()
+    return [r[0] for r in rows]
+
+
+async def count_rows(dsn: str, table: str = "queue_message") -> int:
+    """Rows left in a table."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
+    finally:
+        await conn.close()
