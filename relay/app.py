@@ -1,4 +1,4 @@
-"""Lifecycle of `relay run`: open both servers (fail fast), run listener and worker, stop cleanly."""
+"""Lifecycle of `relay run`: open both servers (fail fast), run listener and worker, stop."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -46,7 +46,7 @@ def load_settings() -> Settings:
         raise ConfigError("invalid setting: " + "; ".join(problems)) from None
 
 
-def _run_async(main: Callable[[], Awaitable[int]]) -> int:
+def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     try:
         import uvloop
 

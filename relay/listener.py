@@ -53,7 +53,7 @@ class Listener:
             try:
                 conn = await self._connect()
                 await conn.add_listener(self.channel, self._on_notify)
-            except (DatabaseError, *DB_ERRORS) as exc:
+            except (DatabaseError, *DB_ERRORS) as exc:  # type: ignore[misc]
                 self.connected = False
                 if not outage:
                     log.warning("listen_connection_lost", error=str(exc))

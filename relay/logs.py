@@ -1,4 +1,4 @@
-"""structlog set-up: JSON lines when stdout is not a terminal, readable console output when it is."""
+"""structlog set-up: JSON lines when stdout is not a terminal, console output when it is."""
 
 from __future__ import annotations
 

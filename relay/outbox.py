@@ -22,6 +22,9 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+# A pooled connection proxy or a plain connection: both run queries the same way.
+Conn = Any
+
 _LIBPQ_KEYS = {"dbname": "database", "sslmode": "ssl", "connect_timeout": None}
 
 
@@ -77,7 +80,7 @@ async def connect(settings: Settings, role: str) -> asyncpg.Connection:
 class _Claim:
     """Rows locked by one open transaction."""
 
-    def __init__(self, conn: asyncpg.Connection, queries: Queries, rows: list[OutboxRow],
+    def __init__(self, conn: Conn, queries: Queries, rows: list[OutboxRow],
                  on_success: OnSuccess) -> None:
         self._conn = conn
         self._q = queries
@@ -88,7 +91,8 @@ class _Claim:
         """Write every row's fate; the caller's transaction commits it."""
         try:
             if settlement.published:
-                name = "archive_published" if self._on_success is OnSuccess.ARCHIVE else "delete_published"
+                archive = self._on_success is OnSuccess.ARCHIVE
+                name = "archive_published" if archive else "delete_published"
                 await self._conn.execute(self._q[name], settlement.published)
             if settlement.retry:
                 ids, errors, delays = zip(*settlement.retry, strict=True)
@@ -176,7 +180,7 @@ class Outbox:
         finally:
             await self._release(conn)
 
-    async def _release(self, conn: asyncpg.Connection) -> None:
+    async def _release(self, conn: Conn) -> None:
         try:
             await self._pool.release(conn)
         except DB_ERRORS:

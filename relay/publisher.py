@@ -7,6 +7,7 @@ that a basic.return resolves the publish it belongs to instead of being acked as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -143,14 +144,20 @@ class AmqpPublisher:
         conn = self._connection
         return conn is not None and not conn.is_closed
 
+    def _unblocked_event(self) -> asyncio.Event | None:
+        # aiormq keeps connection.blocked state in a private event; read it, never set it.
+        raw = getattr(self._connection, "transport", None)
+        aiormq_conn = getattr(raw, "connection", None)
+        event = getattr(aiormq_conn, "_Connection__connection_unblocked", None)
+        return event if isinstance(event, asyncio.Event) else None
+
     @property
     def blocked(self) -> bool:
         """The broker sent connection.blocked (memory or disk alarm) and not yet unblocked."""
         if not self.connected:
             return False
-        raw = getattr(self._connection, "transport", None)
-        unblocked = getattr(getattr(raw, "connection", None), "_Connection__connection_unblocked", None)
-        return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
+        event = self._unblocked_event()
+        return event is not None and not event.is_set()
 
     @property
     def ready(self) -> bool:
@@ -177,7 +184,11 @@ class AmqpPublisher:
         if self.blocked:
             log.warning("broker_blocked", detail="connection.blocked: claiming paused")
             while self.connected and self.blocked:
-                await asyncio.sleep(0.2)
+                event = self._unblocked_event()
+                if event is None:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=1.0)
             log.info("broker_unblocked")
 
     # ------------------------------------------------------------------ publishing
@@ -247,7 +258,7 @@ class AmqpPublisher:
             )
             for m in messages
         ]
-        done, not_done = await asyncio.wait(tasks, timeout=self.publish_timeout_s)
+        _done, not_done = await asyncio.wait(tasks, timeout=self.publish_timeout_s)
         for task in not_done:
             task.cancel()
         returned: set[str] = set()

@@ -19,8 +19,9 @@ class RetryPolicy:
 
     def delay_s(self, attempts: int, rng: random.Random | None = None) -> float:
         """Delay before retry number `attempts` (1 = first retry): half fixed, half jitter."""
-        ceiling = min(self.max_s, self.base_s * 2 ** max(attempts - 1, 0))
-        return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+        ceiling = min(self.max_s, self.base_s * 2.0 ** max(attempts - 1, 0))
+        jitter: float = (rng or random).uniform(0, ceiling / 2)
+        return ceiling / 2 + jitter
 
 
 def plan_settlement(

@@ -70,7 +70,8 @@ class Settings(BaseSettings):
         default=500, ge=1, le=10_000, description="Rows claimed and published per batch."
     )
     concurrency: int = Field(
-        default=3, ge=1, le=64, description="Batches in flight per process (one DB connection each)."
+        default=3, ge=1, le=64,
+        description="Batches in flight per process (one DB connection each).",
     )
     poll_interval_s: Seconds = Field(
         default=5.0,

@@ -10,7 +10,7 @@ import contextlib
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -31,7 +31,9 @@ class WorkerConfig:
     poll_interval_s: float = 5.0
     mandatory: bool = True
     max_message_bytes: int = 16 * 1024 * 1024
-    retry: RetryPolicy = RetryPolicy(max_attempts=10, base_s=1.0, max_s=300.0)
+    retry: RetryPolicy = field(
+        default_factory=lambda: RetryPolicy(max_attempts=10, base_s=1.0, max_s=300.0)
+    )
     db_retry_max_s: float = 30.0
 
 
