@@ -25,7 +25,7 @@ class PublishOptions(BaseModel):
     content_type: str | None = Field(default=None, alias="contentType", max_length=255)
     content_encoding: str | None = Field(default=None, alias="contentEncoding", max_length=255)
     persistent: bool | None = None
-    delivery_mode: Literal[1, 2] | bool | None = Field(default=None, alias="deliveryMode")
+    delivery_mode: bool | Literal[1, 2] | None = Field(default=None, alias="deliveryMode")
     headers: dict[str, Any] | None = None
     priority: int | None = Field(default=None, ge=0, le=255)
     correlation_id: str | None = Field(default=None, alias="correlationId", max_length=255)

@@ -55,7 +55,7 @@ def _docker_answers() -> bool:
 
 
 def _find(env: str, local: str, probe: Callable[[str], Any], container: Callable[[], str],
-          what: str, cmd: str) -> str:
+          *, what: str, cmd: str) -> str:
     explicit = os.environ.get(env)
     if explicit:
         if not asyncio.run(probe(explicit)):
@@ -90,14 +90,14 @@ def _amqp_container() -> str:
 
 def find_postgres() -> str:
     """An admin DSN of a PostgreSQL server that may create databases."""
-    return _find("RELAY_TEST_PG_DSN", LOCAL_PG, _pg_answers, _pg_container, "PostgreSQL",
-                 "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start")
+    return _find("RELAY_TEST_PG_DSN", LOCAL_PG, _pg_answers, _pg_container, what="PostgreSQL",
+                 cmd="pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start")
 
 
 def find_rabbitmq() -> str:
     """A RabbitMQ URL."""
-    return _find("RELAY_TEST_AMQP_URL", LOCAL_AMQP, _amqp_answers, _amqp_container, "RabbitMQ",
-                 "rabbitmq-server -detached")
+    return _find("RELAY_TEST_AMQP_URL", LOCAL_AMQP, _amqp_answers, _amqp_container, what="RabbitMQ",
+                 cmd="rabbitmq-server -detached")
 
 
 def stop_containers() -> None:

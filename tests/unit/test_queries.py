@@ -1,0 +1,32 @@
+"""The SQL catalogue, without servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.queries import Queries, TableNames, parse, raw_queries
+
+
+def test_parse__splits_named_statements() -> None:
+    text = "-- name: a\nSELECT 1;\n\n-- name: b\n-- why\nSELECT 2\n"
+    assert parse(text) == {"a": "SELECT 1", "b": "-- why\nSELECT 2"}
+
+
+def test_parse__rejects_a_name_defined_twice() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
+
+
+def test_queries__render_quoted_schema_qualified_names_and_leave_json_braces() -> None:
+    q = Queries(TableNames("outbox", "events", "queue_message_notify"))
+    assert '"outbox"."events"' in q["claim_batch"]
+    assert '"outbox"."events_dead"' in q["dead_letter"]
+    assert "{" not in q["delete_published"]
+
+
+def test_catalogue__every_statement_renders_without_leftover_placeholders() -> None:
+    q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
+    for name in raw_queries():
+        rendered = q[name]
+        for placeholder in TableNames(None, "t", "c").placeholders():
+            assert "{" + placeholder + "}" not in rendered, name
