@@ -130,6 +130,17 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return _run_async(main)
 
 
+def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
+    """Print messages arriving on an exchange."""
+    from relay.tail import tail
+
+    async def main() -> int:
+        await tail(settings.amqp_url, args.exchange, args.binding_key, args.count)
+        return EXIT_OK
+
+    return _run_async(main)
+
+
 # ---------------------------------------------------------------------- parser
 
 
@@ -156,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
     status = add("status", cmd_status, "show the backlog, dead letters and table health")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    tail = add("tail", cmd_tail, "print messages arriving on an exchange (a throwaway queue)")
+    tail.add_argument("exchange", help="exchange to bind to, e.g. amq.topic")
+    tail.add_argument("binding_key", nargs="?", default="#", help="binding key (default #)")
+    tail.add_argument("--count", type=int, default=None, help="exit after N messages")
     return parser
 
 

@@ -1,0 +1,50 @@
+"""`relay tail`: a throwaway consumer that prints what arrives on an exchange (for people)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import aio_pika
+
+from relay.errors import BrokerError
+from relay.settings import redact_url
+
+
+async def tail(amqp_url: str, exchange: str, binding_key: str, count: int | None) -> int:
+    """Bind an exclusive queue to `exchange` and print each message as one JSON line."""
+    try:
+        conn = await aio_pika.connect(amqp_url)
+    except (ConnectionError, OSError, aio_pika.exceptions.AMQPError) as exc:
+        raise BrokerError(f"cannot reach RabbitMQ at {redact_url(amqp_url)}: {exc}") from exc
+    seen = 0
+    done = asyncio.Event()
+    try:
+        channel = await conn.channel()
+        try:
+            x = await channel.get_exchange(exchange, ensure=True)
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            raise BrokerError(f"exchange {exchange!r} does not exist") from None
+        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(x, binding_key)
+        print(f"tailing exchange {exchange!r} with binding key {binding_key!r}", file=sys.stderr,
+              flush=True)
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            nonlocal seen
+            seen += 1
+            print(json.dumps({
+                "message_id": message.message_id,
+                "routing_key": message.routing_key,
+                "content_type": message.content_type,
+                "body": message.body.decode(errors="replace"),
+            }), flush=True)
+            if count is not None and seen >= count:
+                done.set()
+
+        await queue.consume(on_message, no_ack=True)
+        await done.wait()
+    finally:
+        await conn.close()
+    return seen
