@@ -64,30 +64,30 @@ async def template_db(pg_admin_dsn: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-@pytest.fixture
-async def empty_db(pg_admin_dsn: str) -> AsyncIterator[str]:
-    """DSN of a fresh, empty database of this test's own."""
+async def _scratch_database(admin_dsn: str, template: str | None) -> AsyncIterator[str]:
     name = f"relay_t_{RUN_ID}_{next(_counter)}"
-    admin = await asyncpg.connect(pg_admin_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
+    admin = await asyncpg.connect(admin_dsn)
+    clause = f' TEMPLATE "{template}"' if template else ""
+    await admin.execute(f'CREATE DATABASE "{name}"{clause}')
     try:
-        yield with_database(pg_admin_dsn, name)
+        yield with_database(admin_dsn, name)
     finally:
         await _drop_database(admin, name)
         await admin.close()
+
+
+@pytest.fixture
+async def empty_db(pg_admin_dsn: str) -> AsyncIterator[str]:
+    """DSN of a fresh, empty database of this test's own."""
+    async for dsn in _scratch_database(pg_admin_dsn, None):
+        yield dsn
 
 
 @pytest.fixture
 async def db(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
     """DSN of a migrated database of this test's own."""
-    name = f"relay_t_{RUN_ID}_{next(_counter)}"
-    admin = await asyncpg.connect(pg_admin_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    try:
-        yield with_database(pg_admin_dsn, name)
-    finally:
-        await _drop_database(admin, name)
-        await admin.close()
+    async for dsn in _scratch_database(pg_admin_dsn, template_db):
+        yield dsn
 
 
 @pytest.fixture
