@@ -8,7 +8,9 @@ import signal
 
 import structlog
 
+from relay.http import Health, HttpServer
 from relay.listener import Listener
+from relay.metrics import BacklogPoller, RelayMetrics
 from relay.outbox import Outbox, connect, table_names
 from relay.publisher import AmqpPublisher
 from relay.queries import Queries
@@ -44,7 +46,8 @@ async def run(settings: Settings) -> None:
     except BaseException:
         await outbox.close()
         raise
-    worker = Worker(outbox, publisher, worker_config(settings))
+    metrics = RelayMetrics() if settings.http_port else None
+    worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics)
     listener = Listener(
         lambda: connect(settings, "listener"),
         settings.notify_channel,
@@ -67,7 +70,16 @@ async def run(settings: Settings) -> None:
     worker_task = asyncio.ensure_future(worker.run())
     listener_task = asyncio.ensure_future(listener.run())
     stop_task = asyncio.ensure_future(stop_requested.wait())
+    http: HttpServer | None = None
+    poller_task: asyncio.Future[None] | None = None
     try:
+        if metrics is not None:
+            poller = BacklogPoller(outbox.backlog, metrics, settings.backlog_poll_interval_s)
+            poller_task = asyncio.ensure_future(poller.run())
+            http = await start_http(
+                settings, metrics=metrics, poller=poller, worker=worker,
+                worker_task=worker_task, publisher=publisher, listener=listener,
+            )
         await asyncio.wait({worker_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         log.info("relay_stopping", timeout_s=settings.shutdown_timeout_s)
         worker.stop()
@@ -82,10 +94,59 @@ async def run(settings: Settings) -> None:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        for task in (listener_task, stop_task, worker_task):
+        if http is not None:
+            await http.close()
+        tasks = [t for t in (listener_task, stop_task, worker_task, poller_task) if t is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(listener_task, stop_task, worker_task, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await listener.close()
         await publisher.close()
         await outbox.close()
         log.info("relay_stopped", published=worker.published_total)
+
+
+def stall_after_s(settings: Settings) -> float:
+    """Seconds without loop activity after which /healthz fails.
+
+    A batch may legitimately take a claim query, a publish timeout and a settle query (each
+    query bounded by the command timeout of relay/outbox.py), and an idle loop wakes at least
+    every poll interval; the bound sits well above the sum so a slow batch is not a restart.
+    """
+    command_timeout_s = max(30.0, settings.publish_timeout_s * 2)
+    return max(
+        120.0,
+        3 * settings.poll_interval_s + settings.publish_timeout_s + 2 * command_timeout_s,
+    )
+
+
+async def start_http(
+    settings: Settings,
+    *,
+    metrics: RelayMetrics,
+    poller: BacklogPoller,
+    worker: Worker,
+    worker_task: asyncio.Future[None],
+    publisher: AmqpPublisher,
+    listener: Listener,
+) -> HttpServer:
+    """Wire the metrics and probes to the running objects and start the HTTP endpoint."""
+    metrics.watch_connections(
+        postgres=lambda: listener.connected,
+        rabbitmq=lambda: publisher.connected,
+        blocked=lambda: publisher.blocked,
+    )
+    health = Health(
+        worker_alive=lambda: not worker_task.done(),
+        last_activity=lambda: max(worker.last_loop_at, metrics.last_batch_at),
+        postgres_connected=lambda: listener.connected,
+        rabbitmq_connected=lambda: publisher.connected,
+        broker_blocked=lambda: publisher.blocked,
+        backlog=lambda: poller.snapshot,
+        ready_max_lag_s=settings.ready_max_lag_s,
+        stall_after_s=stall_after_s(settings),
+        backlog_stale_after_s=max(3 * settings.backlog_poll_interval_s, 30.0),
+    )
+    http = HttpServer(settings.http_host, settings.http_port, health, metrics.render)
+    await http.start()
+    return http

@@ -19,6 +19,7 @@ class OutboxRow(NamedTuple):
     content: str
     options: str | None
     attempts: int
+    created_at_s: float | None = None  # epoch seconds (database clock), for the age metric
 
 
 @dataclass(slots=True)
@@ -88,3 +89,41 @@ class Publisher(Protocol):
 
     async def publish(self, messages: Sequence[Message]) -> PublishResult:
         """Publish all messages with confirms pipelined; never raises for one bad message."""
+
+
+class BatchObserver(Protocol):
+    """Told about every settled batch (metrics); must be cheap and must not raise."""
+
+    def observe_batch(
+        self,
+        rows: Sequence[OutboxRow],
+        result: PublishResult,
+        settlement: Settlement,
+        *,
+        publish_s: float,
+        batch_s: float,
+        confirmed_at: float,
+    ) -> None:
+        """Record one batch: rows claimed, what the broker said, how they were settled."""
+
+    def loop_woke(self) -> None:
+        """The loop woke up (a liveness signal)."""
+
+
+class NoMetrics:
+    """The observer used when metrics are off."""
+
+    def observe_batch(
+        self,
+        rows: Sequence[OutboxRow],
+        result: PublishResult,
+        settlement: Settlement,
+        *,
+        publish_s: float,
+        batch_s: float,
+        confirmed_at: float,
+    ) -> None:
+        """Do nothing."""
+
+    def loop_woke(self) -> None:
+        """Do nothing."""

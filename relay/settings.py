@@ -127,6 +127,11 @@ class Settings(BaseSettings):
         validation_alias=_env("READY_MAX_LAG"),
         description="Seconds: /readyz fails while the oldest due row is older than this.",
     )
+    backlog_poll_interval_s: Seconds = Field(
+        default=5.0,
+        validation_alias=_env("BACKLOG_POLL_INTERVAL"),
+        description="Seconds between backlog queries behind /metrics and /readyz (per relay).",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     log_format: str = Field(
         default="auto", description="json, console, or auto (console on a terminal)."

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 import structlog
 
 from relay.errors import DatabaseError, InvalidRow
-from relay.interfaces import Message, OutboxRow, Publisher, PublishResult, Store
+from relay.interfaces import (
+    BatchObserver,
+    Message,
+    NoMetrics,
+    OutboxRow,
+    Publisher,
+    PublishResult,
+    Store,
+)
 from relay.options import parse_options
 from relay.retry import RetryPolicy, plan_settlement
 
@@ -64,10 +72,18 @@ def build_messages(
 class Worker:
     """Drains due rows with `concurrency` batches in flight; sleeps until woken or due."""
 
-    def __init__(self, store: Store, publisher: Publisher, config: WorkerConfig) -> None:
+    def __init__(
+        self,
+        store: Store,
+        publisher: Publisher,
+        config: WorkerConfig,
+        *,
+        metrics: BatchObserver | None = None,
+    ) -> None:
         self.store = store
         self.publisher = publisher
         self.config = config
+        self.metrics: BatchObserver = metrics or NoMetrics()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.published_total = 0
@@ -97,6 +113,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
             self.last_loop_at = time.monotonic()
+            self.metrics.loop_woke()
             if self.stopping:
                 break
             self._wake.clear()
@@ -171,10 +188,17 @@ class Worker:
             messages, invalid = build_messages(
                 rows, mandatory=cfg.mandatory, max_message_bytes=cfg.max_message_bytes
             )
+            publish_started = time.perf_counter()
             result = await self.publisher.publish(messages) if messages else PublishResult()
+            publish_s = time.perf_counter() - publish_started if messages else 0.0
+            confirmed_at = time.time()
             settlement = plan_settlement(rows, result, invalid, cfg.retry)
             await batch.settle(settlement)
         self.published_total += len(settlement.published)
+        self.metrics.observe_batch(
+            rows, result, settlement, publish_s=publish_s,
+            batch_s=time.perf_counter() - started, confirmed_at=confirmed_at,
+        )
         if result.unsent:
             # Left untouched for a later pass; make sure one happens once the broker is back.
             self._wake.set()

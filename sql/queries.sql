@@ -41,7 +41,8 @@ DROP TRIGGER IF EXISTS {notify_trigger} ON {table}
 -- name: claim_batch
 -- Due rows in insertion order; rows another relay holds are skipped, not waited for.
 SELECT id::text AS id, exchange, routing_key, content::text AS content,
-       options::text AS options, attempts
+       options::text AS options, attempts,
+       EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s
 FROM {table}
 WHERE available_at <= now()
 ORDER BY seq

@@ -1,0 +1,213 @@
+"""A small HTTP endpoint on asyncio streams: /metrics, /healthz and /readyz.
+
+No web framework: three GET routes, one request per connection, answered from state the
+process already holds (the probes never query a server themselves; the backlog comes from the
+bounded-rate poller in relay/metrics.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from relay.errors import ConfigError
+from relay.metrics import BacklogSnapshot
+
+log = structlog.get_logger("relay.http")
+
+_MAX_HEADER_LINES = 100
+_READ_TIMEOUT_S = 5.0
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+@dataclass
+class Check:
+    """One named check of a probe: whether it passes and why."""
+
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Health:
+    """The inputs of /healthz and /readyz, read at request time.
+
+    The callables read state the relay already keeps (connection flags, the last loop
+    activity, the last backlog poll), so a probe costs no query.
+    """
+
+    worker_alive: Callable[[], bool]
+    last_activity: Callable[[], float]  # time.monotonic() of the last loop wake-up or batch
+    postgres_connected: Callable[[], bool]
+    rabbitmq_connected: Callable[[], bool]
+    broker_blocked: Callable[[], bool]
+    backlog: Callable[[], BacklogSnapshot]
+    ready_max_lag_s: float
+    stall_after_s: float
+    backlog_stale_after_s: float
+
+    def liveness(self, now: float | None = None) -> dict[str, Check]:
+        """The loop task is running and made progress recently (or waits for the broker)."""
+        now = time.monotonic() if now is None else now
+        checks = {"worker": Check(self.worker_alive(), "relay loop task running")}
+        if not checks["worker"].ok:
+            checks["worker"].detail = "relay loop task has ended"
+        idle_s = now - self.last_activity()
+        if idle_s <= self.stall_after_s:
+            checks["loop"] = Check(True, f"last activity {idle_s:.1f}s ago")
+        elif not self.rabbitmq_connected():
+            # Lanes park while the broker is away; readiness reports that, liveness must not
+            # restart a process that is merely waiting.
+            checks["loop"] = Check(True, f"waiting for RabbitMQ ({idle_s:.0f}s)")
+        else:
+            checks["loop"] = Check(
+                False, f"no loop activity for {idle_s:.0f}s (limit {self.stall_after_s:g}s)"
+            )
+        return checks
+
+    def readiness(self, now: float | None = None) -> dict[str, Check]:
+        """Both servers connected, no flow control, and the oldest due row young enough."""
+        now = time.monotonic() if now is None else now
+        checks: dict[str, Check] = {}
+        pg = self.postgres_connected()
+        checks["postgres"] = Check(pg, "connected" if pg else "LISTEN connection is down")
+        mq = self.rabbitmq_connected()
+        checks["rabbitmq"] = Check(mq, "connected" if mq else "broker connection is down")
+        blocked = self.broker_blocked()
+        checks["flow_control"] = Check(
+            not blocked,
+            "broker blocks publishers (memory or disk alarm)" if blocked else "not blocked",
+        )
+        checks["lag"] = self._lag_check(now)
+        return checks
+
+    def _lag_check(self, now: float) -> Check:
+        snap = self.backlog()
+        age = snap.age_s(now)
+        if snap.figures is None or age is None:
+            return Check(False, f"backlog not polled yet{_suffix(snap.error)}")
+        if age > self.backlog_stale_after_s:
+            return Check(False, f"backlog poll is {age:.0f}s old{_suffix(snap.error)}")
+        oldest = float(snap.figures.get("oldest_due_age_s") or 0.0)
+        due = snap.figures.get("due")
+        if oldest > self.ready_max_lag_s:
+            return Check(
+                False,
+                f"oldest due row is {oldest:.1f}s old (limit {self.ready_max_lag_s:g}s, "
+                f"{due} due rows)",
+            )
+        return Check(True, f"oldest due row {oldest:.1f}s old, {due} due rows")
+
+
+def _suffix(error: str | None) -> str:
+    return f": {error}" if error else ""
+
+
+def probe_body(checks: dict[str, Check]) -> tuple[int, dict[str, Any]]:
+    """HTTP status and JSON document of a probe: 200 when every check passes, else 503."""
+    ok = all(c.ok for c in checks.values())
+    body = {
+        "status": "ok" if ok else "failing",
+        "checks": {name: {"ok": c.ok, "detail": c.detail} for name, c in checks.items()},
+        "reasons": [f"{name}: {c.detail}" for name, c in checks.items() if not c.ok],
+    }
+    return (200 if ok else 503), body
+
+
+class HttpServer:
+    """Serves /metrics, /healthz and /readyz until closed."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        health: Health,
+        render_metrics: Callable[[], bytes],
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.health = health
+        self._render_metrics = render_metrics
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        """Bind and listen; a port already taken is a configuration error."""
+        try:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"RELAY_HTTP_PORT: cannot listen on {self.host}:{self.port}: {exc.strerror}"
+            ) from exc
+        sockets = self._server.sockets
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        log.info("http_listening", host=self.host, port=self.port)
+
+    async def close(self) -> None:
+        """Stop listening; safe to call twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), timeout=2)
+
+    def route(self, method: str, path: str) -> tuple[int, str, bytes]:
+        """Status, content type and body for one request (no I/O: easy to test)."""
+        path = path.split("?", 1)[0]
+        if method not in {"GET", "HEAD"}:
+            return 405, "text/plain; charset=utf-8", b"method not allowed\n"
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, self._render_metrics()
+        if path in {"/healthz", "/livez"}:
+            status, body = probe_body(self.health.liveness())
+        elif path == "/readyz":
+            status, body = probe_body(self.health.readiness())
+        else:
+            return 404, "text/plain; charset=utf-8", b"not found: try /metrics /healthz /readyz\n"
+        return status, "application/json", (json.dumps(body) + "\n").encode()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(_read_request(reader), timeout=_READ_TIMEOUT_S)
+            if request is None:
+                return
+            method, path = request
+            status, ctype, body = self.route(method, path)
+            head = (
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Cache-Control: no-store\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head if method == "HEAD" else head + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass  # a client that hangs up or talks nonsense gets nothing
+        except Exception:  # a bug in one request must not take the endpoint down
+            log.exception("http_request_failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str] | None:
+    """Method and path of one HTTP/1.x request; headers are read and ignored."""
+    line = await reader.readline()
+    if not line:
+        return None
+    parts = line.decode("latin-1").split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise ValueError("not an HTTP request")
+    for _ in range(_MAX_HEADER_LINES):
+        header = await reader.readline()
+        if header in {b"\r\n", b"\n", b""}:
+            break
+    return parts[0].upper(), parts[1]

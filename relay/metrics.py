@@ -1,0 +1,253 @@
+"""Prometheus metrics of one relay process, and the bounded-rate backlog poller behind them.
+
+Every series lives in a registry of its own (not the library's global one), so a test can hold
+several relays' metrics side by side. Names follow Prometheus conventions: base units in the
+name (`_seconds`, `_rows`), counters end in `_total` once exposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter as Tally
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from relay.errors import RelayError
+from relay.interfaces import OutboxRow, PublishResult, Settlement
+
+log = structlog.get_logger("relay.metrics")
+
+BATCH_SIZE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+AGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+# Failure reasons are free text (they name exchanges and keys); the label takes one of these
+# bounded values so a bad producer cannot blow up the series count.
+_REASONS: tuple[tuple[str, str], ...] = (
+    ("unroutable", "unroutable"),
+    ("returned", "unroutable"),
+    ("not found", "exchange_not_found"),
+    ("timeout", "confirm_timeout"),
+    ("nack", "nacked"),
+    ("exceeds the maximum", "too_large"),
+    ("option", "invalid_options"),
+    ("invalid", "invalid_options"),
+)
+
+
+def classify_reason(reason: str) -> str:
+    """Map a free-text failure reason to a bounded label value."""
+    lowered = reason.lower()
+    for needle, label in _REASONS:
+        if needle in lowered:
+            return label
+    return "other"
+
+
+class RelayMetrics:
+    """The relay's series; the worker reports each settled batch through observe_batch()."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.published = Counter(
+            "relay_messages_published",
+            "Messages confirmed by the broker and settled, by exchange.",
+            ["exchange"], registry=r,
+        )
+        self.failed = Counter(
+            "relay_messages_failed",
+            "Publishes that failed (to be retried or dead-lettered), by reason; broker_lost "
+            "counts messages left untouched because the connection dropped mid-batch.",
+            ["reason"], registry=r,
+        )
+        self.dead_lettered = Counter(
+            "relay_messages_dead_lettered", "Rows moved to the dead-letter table, by reason.",
+            ["reason"], registry=r,
+        )
+        self.batch_rows = Histogram(
+            "relay_batch_size_rows", "Rows claimed per non-empty batch.",
+            buckets=BATCH_SIZE_BUCKETS, registry=r,
+        )
+        self.publish_seconds = Histogram(
+            "relay_publish_duration_seconds",
+            "Seconds from the first publish of a batch to its last confirm.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "relay_batch_duration_seconds",
+            "Seconds from claim to commit of a batch (claim, publish, settle).",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.message_age = Histogram(
+            "relay_message_age_at_confirm_seconds",
+            "Seconds from a row's created_at (database clock) to the broker's confirm.",
+            buckets=AGE_BUCKETS, registry=r,
+        )
+        self.backlog_due = Gauge(
+            "relay_backlog_due_rows", "Rows due for publishing now (last poll).", registry=r
+        )
+        self.backlog_delayed = Gauge(
+            "relay_backlog_delayed_rows",
+            "Rows waiting for a later available_at: delayed or retrying (last poll).", registry=r,
+        )
+        self.oldest_due_age = Gauge(
+            "relay_oldest_due_age_seconds",
+            "Age of the oldest due row, 0 when none (last poll).", registry=r,
+        )
+        self.dead_rows = Gauge(
+            "relay_dead_letter_rows", "Rows in the dead-letter table (last poll).", registry=r
+        )
+        self.backlog_polled = Gauge(
+            "relay_backlog_last_poll_timestamp_seconds",
+            "Unix time of the last successful backlog poll.", registry=r,
+        )
+        self.backlog_poll_errors = Counter(
+            "relay_backlog_poll_errors", "Backlog polls that failed.", registry=r
+        )
+        self.connected = Gauge(
+            "relay_connected", "1 while the connection to the server is up.", ["server"],
+            registry=r,
+        )
+        self.broker_blocked = Gauge(
+            "relay_broker_blocked",
+            "1 while RabbitMQ blocks publishers (memory or disk alarm).", registry=r,
+        )
+        self.last_activity = Gauge(
+            "relay_loop_last_activity_timestamp_seconds",
+            "Unix time the relay loop last woke up or settled a batch.", registry=r,
+        )
+        self.last_batch_at = 0.0  # time.monotonic() of the last settled batch
+
+    def watch_connections(
+        self,
+        postgres: Callable[[], bool],
+        rabbitmq: Callable[[], bool],
+        blocked: Callable[[], bool],
+    ) -> None:
+        """Read connection state at scrape time (no polling, never stale)."""
+        self.connected.labels("postgres").set_function(lambda: float(postgres()))
+        self.connected.labels("rabbitmq").set_function(lambda: float(rabbitmq()))
+        self.broker_blocked.set_function(lambda: float(blocked()))
+
+    def observe_batch(
+        self,
+        rows: Sequence[OutboxRow],
+        result: PublishResult,
+        settlement: Settlement,
+        *,
+        publish_s: float,
+        batch_s: float,
+        confirmed_at: float,
+    ) -> None:
+        """Record one settled batch (called by the worker after its commit)."""
+        self.last_batch_at = time.monotonic()
+        self.last_activity.set(time.time())
+        if not rows:
+            return
+        self.batch_rows.observe(len(rows))
+        if publish_s > 0:
+            self.publish_seconds.observe(publish_s)
+        self.batch_seconds.observe(batch_s)
+        by_id = {row.id: row for row in rows}
+        exchanges: Tally[str] = Tally()
+        for row_id in settlement.published:
+            row = by_id.get(row_id)
+            if row is None:
+                continue
+            exchanges[row.exchange] += 1
+            created = row.created_at_s
+            if created is not None:
+                self.message_age.observe(max(confirmed_at - created, 0.0))
+        for exchange, n in exchanges.items():
+            self.published.labels(exchange).inc(n)
+        failures: Tally[str] = Tally(classify_reason(err) for _, err, _ in settlement.retry)
+        dead: Tally[str] = Tally()
+        for _, reason, _ in settlement.dead:
+            label = classify_reason(reason)
+            failures[label] += 1
+            dead[label] += 1
+        if result.unsent:
+            failures["broker_lost"] += len(result.unsent)
+        for label, n in failures.items():
+            self.failed.labels(label).inc(n)
+        for label, n in dead.items():
+            self.dead_lettered.labels(label).inc(n)
+
+    def loop_woke(self) -> None:
+        """The relay loop woke up (kept for the activity gauge)."""
+        self.last_activity.set(time.time())
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+@dataclass(slots=True)
+class BacklogSnapshot:
+    """The last backlog poll: figures, when it was taken, and the error if it failed."""
+
+    figures: dict[str, Any] | None = None
+    polled_at: float | None = None  # time.monotonic()
+    error: str | None = None
+
+    def age_s(self, now: float) -> float | None:
+        """Seconds since the last successful poll, None before the first one."""
+        return None if self.polled_at is None else now - self.polled_at
+
+
+class BacklogPoller:
+    """Runs the backlog query at most once per interval, whatever the scrape rate.
+
+    Scrapes and probes read the last snapshot; N relays each poll, so the interval bounds the
+    load to N queries per interval.
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[], Awaitable[dict[str, Any]]],
+        metrics: RelayMetrics | None,
+        interval_s: float,
+    ) -> None:
+        self._fetch = fetch
+        self._metrics = metrics
+        self.interval_s = interval_s
+        self.snapshot = BacklogSnapshot()
+        self.polled = asyncio.Event()  # set after the first poll (success or failure)
+
+    async def poll_once(self) -> None:
+        """Run the query once and update the snapshot and gauges."""
+        try:
+            figures = await self._fetch()
+        except RelayError as exc:
+            if self.snapshot.error is None:
+                log.warning("backlog_poll_failed", error=str(exc))
+            self.snapshot.error = str(exc)
+            if self._metrics is not None:
+                self._metrics.backlog_poll_errors.inc()
+            self.polled.set()
+            return
+        self.snapshot = BacklogSnapshot(figures, time.monotonic(), None)
+        m = self._metrics
+        if m is not None:
+            m.backlog_due.set(float(figures.get("due") or 0))
+            m.backlog_delayed.set(float(figures.get("delayed") or 0))
+            m.oldest_due_age.set(float(figures.get("oldest_due_age_s") or 0.0))
+            m.dead_rows.set(float(figures.get("dead") or 0))
+            m.backlog_polled.set(time.time())
+        self.polled.set()
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            started = time.monotonic()
+            try:
+                await self.poll_once()
+            except Exception:  # a bug here must not end the relay: log it and poll again
+                log.exception("backlog_poll_crashed")
+            await asyncio.sleep(max(self.interval_s - (time.monotonic() - started), 0.1))
