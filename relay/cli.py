@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,18 +31,43 @@ def settings_help() -> str:
         lines.append(f"  {env:<26} {field.description} [default: {shown}]")
     lines.append("  (libpq's PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE apply when "
                  "RELAY_PG_DSN is unset)")
+    lines.append(f"  secrets: a file per setting (relay_pg_dsn, relay_amqp_url, ...) in "
+                 f"RELAY_SECRETS_DIR, else {DEFAULT_SECRETS_DIR} when it exists")
     return "\n".join(lines)
+
+
+DEFAULT_SECRETS_DIR = "/run/secrets"
+# Settings whose values may carry a password: an error message never repeats them.
+_SECRET_FIELDS = {"pg_dsn", "amqp_url"}
+
+
+def secrets_dir() -> str | None:
+    """Folder of secret files (one file per setting, e.g. relay_pg_dsn), or None.
+
+    RELAY_SECRETS_DIR names it; else /run/secrets is used when it exists (where Docker and
+    Kubernetes mount secrets). Environment variables win over files.
+    """
+    explicit = os.environ.get("RELAY_SECRETS_DIR")
+    if explicit:
+        if not Path(explicit).is_dir():
+            from relay.errors import ConfigError
+
+            raise ConfigError(f"RELAY_SECRETS_DIR: {explicit} is not a directory")
+        return explicit
+    return DEFAULT_SECRETS_DIR if Path(DEFAULT_SECRETS_DIR).is_dir() else None
 
 
 def load_settings() -> Settings:
     """Read settings; a bad value raises ConfigError naming the variable."""
     try:
-        return Settings()
+        # _secrets_dir is BaseSettings' run-time override; mypy only sees the model's fields.
+        return Settings(_secrets_dir=secrets_dir())  # type: ignore[call-arg]
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
             field = str(err["loc"][0]) if err["loc"] else "?"
-            problems.append(f"RELAY_{field.upper()}: {err['msg']} (got {err.get('input')!r})")
+            got = "" if field in _SECRET_FIELDS else f" (got {err.get('input')!r})"
+            problems.append(f"RELAY_{field.upper()}: {err['msg']}{got}")
         from relay.errors import ConfigError
 
         raise ConfigError("invalid setting: " + "; ".join(problems)) from None
@@ -67,11 +94,18 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         conn = await connect(settings, "migrate")
         try:
             applied = await migrate(conn, table_names(settings), settings.notify)
+            if args.roles:
+                from relay.roles import apply_roles
+
+                await apply_roles(conn, table_names(settings), args.producer_role,
+                                  args.relay_role)
         finally:
             await conn.close()
         print(f"migrated {settings.table}: "
               + (", ".join(applied) if applied else "already up to date")
               + f" (notify trigger: {settings.notify.value})")
+        if args.roles:
+            print(f"roles: {args.producer_role} (INSERT only), {args.relay_role} (relay)")
         return EXIT_OK
 
     return _run_async(main)
@@ -141,6 +175,30 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     return _run_async(main)
 
 
+def cmd_health(args: argparse.Namespace, settings: Settings) -> int:
+    """Ask a running relay's HTTP endpoint (container HEALTHCHECK, exec probes)."""
+    import urllib.error
+    import urllib.request
+
+    if not settings.http_port:
+        print("relay: RELAY_HTTP_PORT is not set: the HTTP endpoint is off", file=sys.stderr)
+        return EXIT_USER_ERROR
+    host = settings.http_host
+    if host in {"", "0.0.0.0", "::"}:  # noqa: S104 - a wildcard bind is reached on loopback
+        host = "127.0.0.1"
+    url = f"http://{host}:{settings.http_port}/{'readyz' if args.ready else 'healthz'}"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout_s) as response:
+            print(response.read().decode().strip())
+            return EXIT_OK
+    except urllib.error.HTTPError as exc:
+        print(exc.read().decode().strip())
+        return 1
+    except OSError as exc:
+        print(f"relay: {url} does not answer: {exc}", file=sys.stderr)
+        return 1
+
+
 # ---------------------------------------------------------------------- parser
 
 
@@ -163,7 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    add("migrate", cmd_migrate, "create or upgrade the outbox table and its trigger")
+    mig = add("migrate", cmd_migrate, "create or upgrade the outbox table and its trigger")
+    mig.add_argument("--roles", action="store_true",
+                     help="also create/grant the least-privilege roles of sql/roles.sql")
+    mig.add_argument("--producer-role", default="outbox_producer", metavar="NAME",
+                     help="group role that may only INSERT (default: outbox_producer)")
+    mig.add_argument("--relay-role", default="outbox_relay", metavar="NAME",
+                     help="group role the relay runs as (default: outbox_relay)")
+    health = add("health", cmd_health,
+                 "ask the running relay's /healthz (or /readyz); exit 0 when it passes")
+    health.add_argument("--ready", action="store_true", help="ask /readyz instead")
+    health.add_argument("--timeout-s", type=float, default=3.0, help="seconds to wait")
     add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
     status = add("status", cmd_status, "show the backlog, dead letters and table health")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")

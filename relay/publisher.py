@@ -142,7 +142,9 @@ class AmqpPublisher:
     def connected(self) -> bool:
         """The connection is open."""
         conn = self._connection
-        return conn is not None and not conn.is_closed
+        # aio-pika's is_closed stays False after the peer drops the socket (it only turns on
+        # close()); its `connected` event is cleared when the underlying connection dies.
+        return conn is not None and not conn.is_closed and conn.connected.is_set()
 
     def _unblocked_event(self) -> asyncio.Event | None:
         # aiormq keeps connection.blocked state in a private event; read it, never set it.

@@ -1,0 +1,117 @@
+"""`relay run` with RELAY_HTTP_PORT: real metrics, and readiness that follows the broker.
+
+The broker is taken away from this relay only, by cutting a TCP proxy in front of the shared
+RabbitMQ (tests/proxy.py); the shared server keeps running for everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
+from tests.proxy import TcpProxy, free_port
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    """One GET on 127.0.0.1; (0, error) when nothing answers."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port), timeout=5
+        )
+    except (OSError, TimeoutError) as exc:
+        return 0, str(exc)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: relay\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout=10)
+    finally:
+        writer.close()
+    head, _, body = raw.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text exposition, parsed by prometheus_client's parser."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    status, body = await http_get(port, path)
+    return status, (json.loads(body) if status else {})
+
+
+def via(url: str, proxy: TcpProxy) -> str:
+    parts = urlsplit(url)
+    user = parts.netloc.rsplit("@", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+
+
+async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    target = urlsplit(env.amqp_url)
+    proxy = await TcpProxy(target.hostname or "127.0.0.1", target.port or 5672).start()
+    port = free_port()
+    try:
+        relay = start_relay(
+            amqp_url=via(env.amqp_url, proxy), http_port=port, backlog_poll_interval_s=0.5,
+            poll_interval_s=1, reconnect_max_s=1,
+        )
+
+        async def ready() -> bool:
+            return (await probe(port, "/readyz"))[0] == 200
+
+        await wait_until(ready, timeout_s=60, interval_s=0.2, what="/readyz 200")
+        ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
+                                [{"n": i} for i in range(20)])
+        await consumer.wait_for(20)
+
+        async def published_20() -> bool:
+            status, text = await http_get(port, "/metrics")
+            key = ("relay_messages_published_total", (("exchange", env.exchange),))
+            return status == 200 and samples(text).get(key) == 20
+
+        await wait_until(published_20, timeout_s=30, what="published counter at 20")
+        status, text = await http_get(port, "/metrics")
+        got = samples(text)
+        assert got[("relay_connected", (("server", "rabbitmq"),))] == 1
+        assert got[("relay_connected", (("server", "postgres"),))] == 1
+        assert got[("relay_broker_blocked", ())] == 0
+        assert got[("relay_message_age_at_confirm_seconds_count", ())] == 20
+        assert got[("relay_batch_size_rows_sum", ())] == 20
+
+        # The broker goes away (for this relay): not ready, with the reason; still alive.
+        await proxy.cut()
+
+        async def unready_for_broker() -> bool:
+            status, body = await probe(port, "/readyz")
+            return status == 503 and not body["checks"]["rabbitmq"]["ok"]
+
+        await wait_until(unready_for_broker, timeout_s=30, interval_s=0.2,
+                         what="/readyz 503 naming rabbitmq")
+        status, body = await probe(port, "/readyz")
+        assert any(r.startswith("rabbitmq:") for r in body["reasons"])
+        assert (await probe(port, "/healthz"))[0] == 200
+        held = await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
+                                 [{"held": i} for i in range(5)])
+        _, text = await http_get(port, "/metrics")
+        assert samples(text)[("relay_connected", (("server", "rabbitmq"),))] == 0
+        assert await count_rows(env.pg_dsn) == 5  # nothing claimed while the broker is away
+
+        # The broker comes back: ready again, and the held rows go out.
+        await proxy.restore()
+        await wait_until(ready, timeout_s=60, interval_s=0.2, what="/readyz 200 again")
+        await consumer.wait_for(25, timeout_s=60)
+        assert set(ids + held) <= set(consumer.ids())
+        assert relay.terminate() == 0
+    finally:
+        await proxy.close()
