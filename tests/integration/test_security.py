@@ -1,0 +1,177 @@
+"""Least-privilege roles, secrets from files, and no password in any output."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, wait_until
+from tests.integration.test_http import http_get
+from tests.proxy import free_port
+
+
+def as_user(dsn: str, user: str, password: str | None = None) -> str:
+    """The same DSN with another user (and password)."""
+    parts = urlsplit(dsn)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    cred = user if password is None else f"{user}:{password}"
+    return urlunsplit(parts._replace(netloc=f"{cred}@{host}"))
+
+
+def relay_cmd(env: Env, *args: str, **settings: object) -> subprocess.CompletedProcess[str]:
+    """Run a `relay` sub-command to completion with this test's settings."""
+    return subprocess.run(
+        [RELAY_BIN, *args], env=env.relay_env(**settings), capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+
+
+@dataclass
+class Roles:
+    """Group roles from sql/roles.sql and one login user in each."""
+
+    producer: str
+    relay: str
+    producer_login: str
+    relay_login: str
+
+
+@pytest.fixture
+async def roles(env: Env) -> AsyncIterator[Roles]:
+    """`relay migrate --roles` with names unique to this test; roles dropped at the end."""
+    tag = secrets.token_hex(3)
+    r = Roles(f"t_producer_{tag}", f"t_relay_{tag}", f"t_app_{tag}", f"t_relayer_{tag}")
+    done = relay_cmd(env, "migrate", "--roles", "--producer-role", r.producer,
+                     "--relay-role", r.relay)
+    assert done.returncode == 0, done.stderr
+    admin = await asyncpg.connect(env.pg_dsn)
+    try:
+        await admin.execute(f"CREATE ROLE {r.producer_login} LOGIN IN ROLE {r.producer}")
+        await admin.execute(f"CREATE ROLE {r.relay_login} LOGIN IN ROLE {r.relay}")
+        yield r
+    finally:
+        # Roles are cluster-wide: drop their grants in this database, then the roles.
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE usename IN ('{r.producer_login}', '{r.relay_login}')"
+        )
+        for role in (r.producer_login, r.relay_login, r.producer, r.relay):
+            await admin.execute(f"DROP OWNED BY {role}")
+            await admin.execute(f"DROP ROLE {role}")
+        await admin.close()
+
+
+async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
+    env: Env, roles: Roles, consumer: Consumer, start_relay
+) -> None:
+    producer = await asyncpg.connect(as_user(env.pg_dsn, roles.producer_login))
+    try:
+        await producer.executemany(
+            "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3)",
+            [(env.exchange, env.routing_key, json.dumps({"n": i})) for i in range(10)],
+        )
+        for sql in (
+            "SELECT count(*) FROM queue_message",
+            "DELETE FROM queue_message",
+            "UPDATE queue_message SET attempts = 0",
+            "SELECT count(*) FROM queue_message_dead",
+            "TRUNCATE queue_message",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await producer.execute(sql)
+    finally:
+        await producer.close()
+
+    relay = start_relay(pg_dsn=as_user(env.pg_dsn, roles.relay_login))
+    await consumer.wait_for(10)
+    await wait_until(lambda: _empty(env), what="outbox drained by the relay role")
+    admin = await asyncpg.connect(env.pg_dsn)
+    try:
+        users = {r[0] for r in await admin.fetch(
+            "SELECT usename FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%' "
+                "AND datname = current_database()"
+        )}
+        relay_conn = await asyncpg.connect(as_user(env.pg_dsn, roles.relay_login))
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await relay_conn.execute("DROP TABLE queue_message")
+        finally:
+            await relay_conn.close()
+    finally:
+        await admin.close()
+    assert users == {roles.relay_login}
+    status = relay_cmd(env, "status", "--json", pg_dsn=as_user(env.pg_dsn, roles.relay_login))
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["due"] == 0
+    assert relay.terminate() == 0
+
+
+async def _empty(env: Env) -> bool:
+    return await count_rows(env.pg_dsn) == 0
+
+
+async def test_secrets__settings_are_read_from_files_in_the_secrets_dir(
+    env: Env, tmp_path: Path
+) -> None:
+    folder = tmp_path / "secrets"
+    folder.mkdir()
+    (folder / "relay_pg_dsn").write_text(env.pg_dsn + "\n")
+    settings = env.relay_env()
+    del settings["RELAY_PG_DSN"]
+    settings["RELAY_SECRETS_DIR"] = str(folder)
+    done = subprocess.run([RELAY_BIN, "status", "--json"], env=settings, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["table"] == "queue_message"
+
+
+async def test_secrets__no_password_in_logs_errors_status_or_metrics(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    password = "pw-" + secrets.token_hex(8)  # trust auth accepts and ignores it
+    dsn = as_user(env.pg_dsn, "postgres", password)
+    amqp = env.amqp_url  # guest:guest: the shared broker's only user
+    amqp_secret = urlsplit(amqp).password or ""
+    outputs: list[str] = []
+
+    port = free_port()
+    relay = start_relay(pg_dsn=dsn, http_port=port, log_level="debug")
+
+    async def ready() -> bool:
+        return (await http_get(port, "/readyz"))[0] == 200
+
+    await wait_until(ready, timeout_s=60, what="/readyz 200")
+    for path in ("/metrics", "/readyz", "/healthz"):
+        outputs.append((await http_get(port, path))[1])
+    for args in (("status",), ("status", "--json")):
+        done = relay_cmd(env, *args, pg_dsn=dsn)
+        assert done.returncode == 0, done.stderr
+        outputs += [done.stdout, done.stderr]
+    # Errors: a database that does not exist, a broker port nobody listens on, a bad URL.
+    failures = [
+        relay_cmd(env, "status", pg_dsn=as_user(env.pg_dsn, "postgres", password)
+                  .rsplit("/", 1)[0] + "/no_such_db_here"),
+        relay_cmd(env, "run", pg_dsn=dsn,
+                  amqp_url=f"amqp://guest:{password}@127.0.0.1:{free_port()}/"),
+        relay_cmd(env, "run", pg_dsn=dsn, amqp_url=f"http://guest:{password}@127.0.0.1/"),
+        relay_cmd(env, "migrate", pg_dsn=f"host=127.0.0.1 port={free_port()} "
+                  f"user=postgres password={password} dbname=x"),
+    ]
+    for done in failures:
+        assert done.returncode != 0
+        assert done.stderr.strip()
+        outputs += [done.stdout, done.stderr]
+    assert relay.terminate() == 0
+    outputs.append(relay.log_text())
+    text = "\n".join(outputs)
+    assert "relay_started" in text and "cannot" in text  # we did look at real output
+    assert password not in text
+    assert f":{amqp_secret}@" not in text
