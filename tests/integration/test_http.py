@@ -81,7 +81,7 @@ async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
             return status == 200 and samples(text).get(key) == 20
 
         await wait_until(published_20, timeout_s=30, what="published counter at 20")
-        status, text = await http_get(port, "/metrics")
+        _, text = await http_get(port, "/metrics")
         got = samples(text)
         assert got[("relay_connected", (("server", "rabbitmq"),))] == 1
         assert got[("relay_connected", (("server", "postgres"),))] == 1
@@ -98,7 +98,7 @@ async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
 
         await wait_until(unready_for_broker, timeout_s=30, interval_s=0.2,
                          what="/readyz 503 naming rabbitmq")
-        status, body = await probe(port, "/readyz")
+        _, body = await probe(port, "/readyz")
         assert any(r.startswith("rabbitmq:") for r in body["reasons"])
         assert (await probe(port, "/healthz"))[0] == 200
         held = await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
