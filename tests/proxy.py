@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 
 
 def free_port() -> int:
@@ -22,8 +23,16 @@ def free_port() -> int:
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to a target host and port, until cut."""
 
-    def __init__(self, target_host: str, target_port: int, port: int | None = None) -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        port: int | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.target_host = target_host
+        self.tls = tls  # terminate TLS on the proxy's side (clients speak TLS, target plain)
         self.target_port = target_port
         self.port = port or free_port()
         self._server: asyncio.Server | None = None
@@ -33,7 +42,9 @@ class TcpProxy:
 
     async def start(self) -> TcpProxy:
         """Listen (again) on the proxy's port."""
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(
+            self._accept, "127.0.0.1", self.port, ssl=self.tls
+        )
         return self
 
     async def restore(self) -> None:
