@@ -140,6 +140,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         outbox = await Outbox.open(settings, size=1)
         try:
             status: dict[str, Any] = await outbox.backlog()
+            status["relays"] = await outbox.relay_sessions()
         finally:
             await outbox.close()
         status = {"table": settings.table, **status}
@@ -148,6 +149,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         else:
             rows = [
                 ("table", settings.table),
+                ("relays connected", status["relays"]),
                 ("due rows", status["due"]),
                 ("oldest due row age", _human(status["oldest_due_age_s"])),
                 ("delayed rows", status["delayed"]),

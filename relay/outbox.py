@@ -208,3 +208,10 @@ class Outbox:
         out["dead_tuples"] = health["n_dead_tup"] if health else None
         out["last_vacuum_age_s"] = health["vacuum_age_s"] if health else None
         return out
+
+    async def relay_sessions(self) -> int:
+        """How many relay processes hold a LISTEN session on this database right now."""
+        try:
+            return int(await self._pool.fetchval(self.q["relay_sessions"]))
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"reading relay sessions failed: {exc}") from exc

@@ -105,6 +105,12 @@ SELECT count(*) FILTER (WHERE available_at <= now())                  AS due,
        count(*) FILTER (WHERE attempts > 0)                           AS retrying
 FROM {table}
 
+-- name: relay_sessions
+-- Relay processes connected to this database: each holds one LISTEN session (relay/listener.py
+-- names it through application_name, see relay/outbox.py connect_args).
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name LIKE 'outbox-relay listener %'
+
 -- name: dead_count
 SELECT count(*) FROM {dead}
 

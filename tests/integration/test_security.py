@@ -111,6 +111,7 @@ async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
     status = relay_cmd(env, "status", "--json", pg_dsn=as_user(env.pg_dsn, roles.relay_login))
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["due"] == 0
+    assert json.loads(status.stdout)["relays"] == 1  # visible to the relay role itself
     assert relay.terminate() == 0
 
 
