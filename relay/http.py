@@ -63,9 +63,9 @@ class Health:
         idle_s = now - self.last_activity()
         if idle_s <= self.stall_after_s:
             checks["loop"] = Check(True, f"last activity {idle_s:.1f}s ago")
-        elif not self.rabbitmq_connected():
-            # Lanes park while the broker is away; readiness reports that, liveness must not
-            # restart a process that is merely waiting.
+        elif not self.rabbitmq_connected() or self.broker_blocked():
+            # Lanes park while the broker is away or blocks publishers; readiness reports that,
+            # liveness must not restart a process that is merely waiting.
             checks["loop"] = Check(True, f"waiting for RabbitMQ ({idle_s:.0f}s)")
         else:
             checks["loop"] = Check(

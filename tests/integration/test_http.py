@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
+from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, wait_until
 from tests.proxy import TcpProxy, free_port
 
 
@@ -103,6 +105,18 @@ async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
         assert (await probe(port, "/healthz"))[0] == 200
         held = await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
                                  [{"held": i} for i in range(5)])
+        # Rows that have waited an hour make the relay lag as well: both reasons are named.
+        await _age_rows(env.pg_dsn, seconds=3600)
+
+        async def unready_for_broker_and_lag() -> bool:
+            status, body = await probe(port, "/readyz")
+            failing = {r.split(":")[0] for r in body.get("reasons", [])}
+            return status == 503 and failing == {"rabbitmq", "lag"}
+
+        await wait_until(unready_for_broker_and_lag, timeout_s=30, interval_s=0.2,
+                         what="/readyz naming rabbitmq and lag")
+        assert await asyncio.to_thread(_health_cli, relay.env, "--ready") == 1
+        assert await asyncio.to_thread(_health_cli, relay.env) == 0
         _, text = await http_get(port, "/metrics")
         assert samples(text)[("relay_connected", (("server", "rabbitmq"),))] == 0
         assert await count_rows(env.pg_dsn) == 5  # nothing claimed while the broker is away
@@ -112,6 +126,23 @@ async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
         await wait_until(ready, timeout_s=60, interval_s=0.2, what="/readyz 200 again")
         await consumer.wait_for(25, timeout_s=60)
         assert set(ids + held) <= set(consumer.ids())
+        assert await asyncio.to_thread(_health_cli, relay.env, "--ready") == 0
         assert relay.terminate() == 0
     finally:
         await proxy.close()
+
+
+async def _age_rows(dsn: str, seconds: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "UPDATE queue_message SET created_at = now() - make_interval(secs => $1)", seconds
+        )
+    finally:
+        await conn.close()
+
+
+def _health_cli(env: dict[str, str], *args: str) -> int:
+    """Exit code of `relay health` against the running relay (what the image's HEALTHCHECK runs)."""
+    return subprocess.run([RELAY_BIN, "health", *args], env=env, capture_output=True,
+                          timeout=30, check=False).returncode

@@ -135,11 +135,13 @@ def test_readiness__fails_with_the_reason_named(
     assert [r.split(":")[0] for r in body["reasons"]] == [failing]
 
 
-def test_liveness__fails_when_the_loop_stalls_but_not_while_waiting_for_the_broker() -> None:
+def test_liveness__fails_when_the_loop_stalls_not_while_the_broker_is_away_or_blocking() -> None:
     assert probe_body(health().liveness(now=1100.0))[0] == 200
     assert probe_body(health().liveness(now=1200.0))[0] == 503
     waiting = health(rabbitmq_connected=lambda: False)
     assert probe_body(waiting.liveness(now=1200.0))[0] == 200
+    blocked = health(broker_blocked=lambda: True)
+    assert probe_body(blocked.liveness(now=1200.0))[0] == 200
     assert probe_body(health(worker_alive=lambda: False).liveness(now=1001.0))[0] == 503
 
 
