@@ -8,14 +8,17 @@ name (`_seconds`, `_rows`), counters end in `_total` once exposed.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from relay.errors import RelayError
 from relay.interfaces import OutboxRow, PublishResult, Settlement
@@ -47,6 +50,47 @@ def classify_reason(reason: str) -> str:
         if needle in lowered:
             return label
     return "other"
+
+
+class BulkHistogram:
+    """A histogram fed once per batch with many values, exposed through a custom collector.
+
+    prometheus_client's Histogram.observe() costs about 5 µs a call here: one call per row at
+    20,000 rows/s would take a tenth of a core. Bucketing a batch's values with bisect and
+    adding them up costs a small fraction of that; scrapes read the totals.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._bounds = [float(b) for b in buckets]
+        self._counts = [0] * (len(self._bounds) + 1)  # the last slot is +Inf
+        self._sum = 0.0
+        registry.register(self)
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """Add every value (the event loop is the only writer, so no lock is needed)."""
+        ordered = sorted(values)
+        if not ordered:
+            return
+        counts, below = self._counts, 0
+        for i, bound in enumerate(self._bounds):
+            upto = bisect.bisect_right(ordered, bound)  # values <= bound
+            counts[i] += upto - below
+            below = upto
+        counts[-1] += len(ordered) - below
+        self._sum += sum(ordered)
+
+    def collect(self) -> Iterator[Metric]:
+        """The cumulative buckets, sum and count, as Prometheus expects them."""
+        cumulative, running = [], 0
+        for bound, count in zip([*self._bounds, float("inf")], self._counts, strict=True):
+            running += count
+            cumulative.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+        yield HistogramMetricFamily(
+            self.name, self.documentation, buckets=cumulative, sum_value=self._sum
+        )
 
 
 class RelayMetrics:
@@ -84,10 +128,10 @@ class RelayMetrics:
             "Seconds from claim to commit of a batch (claim, publish, settle).",
             buckets=LATENCY_BUCKETS, registry=r,
         )
-        self.message_age = Histogram(
+        self.message_age = BulkHistogram(
             "relay_message_age_at_confirm_seconds",
             "Seconds from a row's created_at (database clock) to the broker's confirm.",
-            buckets=AGE_BUCKETS, registry=r,
+            AGE_BUCKETS, r,
         )
         self.backlog_due = Gauge(
             "relay_backlog_due_rows", "Rows due for publishing now (last poll).", registry=r
@@ -154,16 +198,12 @@ class RelayMetrics:
         if publish_s > 0:
             self.publish_seconds.observe(publish_s)
         self.batch_seconds.observe(batch_s)
-        by_id = {row.id: row for row in rows}
-        exchanges: Tally[str] = Tally()
-        for row_id in settlement.published:
-            row = by_id.get(row_id)
-            if row is None:
-                continue
-            exchanges[row.exchange] += 1
-            created = row.created_at_s
-            if created is not None:
-                self.message_age.observe(max(confirmed_at - created, 0.0))
+        published = set(settlement.published)
+        done = [row for row in rows if row.id in published]
+        exchanges: Tally[str] = Tally(row.exchange for row in done)
+        # Clock skew between the database and this host can make an age negative: count it as 0.
+        ages = [confirmed_at - row.created_at_s for row in done if row.created_at_s is not None]
+        self.message_age.observe_many(age if age > 0 else 0.0 for age in ages)
         for exchange, n in exchanges.items():
             self.published.labels(exchange).inc(n)
         failures: Tally[str] = Tally(classify_reason(err) for _, err, _ in settlement.retry)
