@@ -1,7 +1,8 @@
 """The container's runtime environment, built as far as it goes without a Docker engine.
 
-The Dockerfile's build stage makes a fresh venv and runs a plain (non-editable) `pip install .`;
-this does the same and then uses the installed `relay` the way the image does: `--help`,
+The Dockerfile's build stage copies a few folders, makes a fresh venv and runs a plain
+(non-editable) `pip install .`; this copies the same folders (read from the Dockerfile's COPY
+lines), does the same install, and then uses `relay` the way the image does: `--help`,
 `migrate` (which reads the SQL files shipped inside the wheel), and `status`.
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import shutil
 import subprocess
 import venv
 from pathlib import Path
@@ -20,6 +23,27 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def docker_build_context(dest: Path) -> Path:
+    """Copy what the Dockerfile's build stage COPYs (and nothing else) into `dest`.
+
+    Symlinks stay symlinks, as `COPY` keeps them (relay/sql -> ../sql).
+    """
+    build_stage = (ROOT / "Dockerfile").read_text().split(" AS build", 1)[1].split("\nFROM ")[0]
+    dest.mkdir()
+    copies = re.findall(r"^COPY (?!--from)(.+)$", build_stage, re.MULTILINE)
+    assert copies
+    for line in copies:
+        *sources, _target = line.split()
+        for source in sources:
+            path = ROOT / source.rstrip("/")
+            if path.is_dir():
+                shutil.copytree(path, dest / path.name, symlinks=True,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(path, dest / path.name)
+    return dest
+
+
 def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600,
                           **kwargs)  # type: ignore[call-overload]
@@ -28,10 +52,14 @@ def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
 async def test_packaging__fresh_venv_install_runs_help_migrate_and_status(
     tmp_path: Path, empty_db: str
 ) -> None:
+    context = docker_build_context(tmp_path / "src")
     target = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(target)
+    only_binary = re.search(r"--only-binary=(\S+)", (ROOT / "Dockerfile").read_text())
+    assert only_binary is not None
     pip = run([str(target / "bin" / "python"), "-m", "pip", "install", "--no-input",
-               "--disable-pip-version-check", "--quiet", str(ROOT)], cwd=tmp_path)
+               "--disable-pip-version-check", "--quiet", only_binary.group(0), "."],
+              cwd=context)
     assert pip.returncode == 0, pip.stderr[-3000:]
     site = run([str(target / "bin" / "python"), "-c", "import relay, sys; print(relay.__file__)"],
                cwd=tmp_path)
