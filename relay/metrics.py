@@ -189,7 +189,23 @@ class RelayMetrics:
         batch_s: float,
         confirmed_at: float,
     ) -> None:
-        """Record one settled batch (called by the worker after its commit)."""
+        """Record one settled batch (called by the worker after its commit); never raises."""
+        try:
+            self._observe_batch(rows, result, settlement, publish_s=publish_s, batch_s=batch_s,
+                                confirmed_at=confirmed_at)
+        except Exception:  # a metrics bug must never fail a batch that is already committed
+            log.exception("metrics_observe_failed")
+
+    def _observe_batch(
+        self,
+        rows: Sequence[OutboxRow],
+        result: PublishResult,
+        settlement: Settlement,
+        *,
+        publish_s: float,
+        batch_s: float,
+        confirmed_at: float,
+    ) -> None:
         self.last_batch_at = time.monotonic()
         self.last_activity.set(time.time())
         if not rows:
