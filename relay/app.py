@@ -28,6 +28,7 @@ def worker_config(settings: Settings) -> WorkerConfig:
         concurrency=settings.concurrency,
         poll_interval_s=settings.poll_interval_s,
         mandatory=settings.mandatory,
+        max_message_bytes=settings.max_message_bytes,
         retry=RetryPolicy(settings.max_attempts, settings.retry_base_s, settings.retry_max_s),
         db_retry_max_s=settings.reconnect_max_s,
     )

@@ -11,12 +11,16 @@ from relay.options import Properties
 
 
 class OutboxRow(NamedTuple):
-    """One claimed row, as the store hands it to the worker."""
+    """One claimed row, as the store hands it to the worker.
+
+    exchange, routing_key and content may be NULL in a table of the classic shape (no NOT NULL
+    constraints); the worker dead-letters such rows instead of failing on them.
+    """
 
     id: str
-    exchange: str
-    routing_key: str
-    content: str
+    exchange: str | None
+    routing_key: str | None
+    content: str | None
     options: str | None
     attempts: int
     created_at_s: float | None = None  # epoch seconds (database clock), for the age metric

@@ -27,6 +27,7 @@ log = structlog.get_logger("relay.publisher")
 
 OUTBOX_ID_HEADER = "x-outbox-id"
 _BROKER_LOST = (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)
+_CHANNEL_GONE = (aiormq.exceptions.ChannelClosed, aiormq.exceptions.ChannelInvalidStateError)
 
 
 def amqp_properties(message: Message) -> spec.Basic.Properties:
@@ -105,7 +106,12 @@ class AmqpPublisher:
         self._channel: Any = None
         self._side: Any = None
         self._lock = asyncio.Lock()
+        # Lanes call wait_ready() together after a loss: one of them reconnects, the others wait.
+        self._connect_lock = asyncio.Lock()
         self._outage_logged = False
+        self._outage_started = 0.0
+        self._blocked_logged = False
+        self._close_reason: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -167,31 +173,47 @@ class AmqpPublisher:
         return self.connected and not self.blocked
 
     async def wait_ready(self) -> None:
-        """Reconnect with capped exponential backoff and jitter until connected and unblocked."""
-        delay = 0.2
-        while not self.connected:
-            try:
-                await self._drop()
-                await self.connect()
-            except BrokerError as exc:
-                if not self._outage_logged:
-                    log.warning("broker_unavailable", error=str(exc))
-                    self._outage_logged = True
-                await asyncio.sleep(random.uniform(delay / 2, delay))
-                delay = min(delay * 2, self.reconnect_max_s)
-            else:
-                if self._outage_logged:
-                    log.info("broker_reconnected")
-                self._outage_logged = False
-        if self.blocked:
-            log.warning("broker_blocked", detail="connection.blocked: claiming paused")
+        """Reconnect with capped exponential backoff and jitter until connected and unblocked.
+
+        Logs once per outage (broker_connection_lost ... broker_reconnected) and once per
+        flow-control episode (broker_blocked ... broker_unblocked), however many lanes wait.
+        """
+        async with self._connect_lock:
+            await self._reconnect()
+            if self.blocked and not self._blocked_logged:
+                log.warning("broker_blocked", detail="connection.blocked: claiming paused")
+                self._blocked_logged = True
             while self.connected and self.blocked:
                 event = self._unblocked_event()
                 if event is None:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=1.0)
-            log.info("broker_unblocked")
+            if self._blocked_logged and not self.blocked:
+                log.info("broker_unblocked")
+                self._blocked_logged = False
+
+    async def _reconnect(self) -> None:
+        delay = 0.2
+        attempts = 0
+        while not self.connected:
+            loop = asyncio.get_running_loop()
+            if not self._outage_logged:
+                log.warning("broker_connection_lost", url=redact_url(self.url))
+                self._outage_logged = True
+                self._outage_started = loop.time()
+            attempts += 1
+            try:
+                await self._drop()
+                await self.connect()
+            except BrokerError as exc:
+                log.debug("broker_reconnect_failed", attempt=attempts, error=str(exc))
+                await asyncio.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, self.reconnect_max_s)
+        if self._outage_logged:
+            elapsed = asyncio.get_running_loop().time() - self._outage_started
+            log.info("broker_reconnected", attempts=attempts, outage_s=round(elapsed, 1))
+            self._outage_logged = False
 
     # ------------------------------------------------------------------ publishing
 
@@ -209,19 +231,31 @@ class AmqpPublisher:
                 self._side = await self._connection.channel(publisher_confirms=False)
         return missing
 
+    async def _reopen_channels(self) -> None:
+        old_side = self._side
+        await self._open_channels()
+        if old_side is not None:
+            with contextlib.suppress(Exception):
+                await old_side.close()
+
     async def publish(self, messages: Sequence[Message]) -> PublishResult:
-        """Publish with confirms pipelined; settle every message as confirmed, failed or unsent."""
+        """Publish with confirms pipelined; settle every message as confirmed, failed or unsent.
+
+        After the broker closes the channel (a row it refuses at the protocol level: an exchange
+        deleted since the check, a user_id that is not the connection's, a body over its
+        max_message_size), the rest of the batch is published one message at a time on a new
+        channel, so that only the offending rows fail and the others are delivered.
+        """
         result = PublishResult()
         pending = list(messages)
+        isolate = False
         async with self._lock:
             for _ in range(3):
-                if not pending:
-                    break
-                if not self.connected:
+                if not pending or not self.connected or self.blocked:
                     break
                 try:
                     missing = await self._missing_exchanges({m.exchange for m in pending})
-                except _BROKER_LOST:
+                except (*_CHANNEL_GONE, *_BROKER_LOST):
                     break
                 sendable = []
                 for m in pending:
@@ -229,25 +263,49 @@ class AmqpPublisher:
                         result.failed[m.id] = f"exchange {m.exchange!r} not found"
                     else:
                         sendable.append(m)
-                pending = await self._publish_once(sendable, result)
-                if pending and self.connected:
-                    # The channel was closed under us (e.g. an exchange deleted since the check):
-                    # everything unconfirmed on it is treated as not published and sent again.
+                if isolate:
+                    pending = await self._publish_isolated(sendable, result)
+                else:
+                    pending = await self._publish_once(sendable, result)
+                if pending and self.connected and not self.blocked:
+                    # Everything unconfirmed on the closed channel counts as not published.
                     self.exchanges.forget()
+                    isolate = True
                     try:
-                        await self._open_channels()
-                    except _BROKER_LOST:
+                        await self._reopen_channels()
+                    except (*_CHANNEL_GONE, *_BROKER_LOST):
                         break
         if pending:
             result.unsent.extend(m.id for m in pending)
-            result.broker_lost = True
+            result.broker_lost = not self.connected
         return result
+
+    async def _publish_isolated(
+        self, messages: list[Message], result: PublishResult
+    ) -> list[Message]:
+        """Publish one message at a time; a message that closes the channel alone is failed."""
+        for index, m in enumerate(messages):
+            self._close_reason = None
+            lost = await self._publish_once([m], result)
+            if not lost:
+                continue
+            if not self.connected or self.blocked or self._close_reason is None:
+                return messages[index:]
+            result.failed[m.id] = f"channel closed by the broker: {self._close_reason}"
+            try:
+                await self._reopen_channels()
+            except (*_CHANNEL_GONE, *_BROKER_LOST):
+                return messages[index + 1 :]
+        return []
 
     async def _publish_once(self, messages: list[Message], result: PublishResult) -> list[Message]:
         """One pipelined pass; returns the messages whose fate is unknown (channel lost)."""
         if not messages:
             return []
-        raw = await self._channel.get_underlay_channel()
+        try:
+            raw = await self._channel.get_underlay_channel()
+        except (*_CHANNEL_GONE, *_BROKER_LOST, AttributeError):
+            return messages
         tasks = [
             asyncio.ensure_future(
                 raw.basic_publish(
@@ -298,12 +356,19 @@ class AmqpPublisher:
         elif isinstance(outcome, spec.Basic.Ack | DeliveredMessage):
             reason = "unroutable: returned by the broker (no queue bound for "
             result.failed[m.id] = reason + f"exchange {m.exchange!r}, key {m.routing_key!r})"
+        elif isinstance(outcome, TimeoutError) and self.blocked:
+            # connection.blocked holds publishes back: not the row's fault, publish it later.
+            lost.append(m)
         elif isinstance(outcome, TimeoutError):
             result.failed[m.id] = f"confirm timeout after {self.publish_timeout_s:g}s"
         elif isinstance(outcome, aiormq.exceptions.DeliveryError):
             result.failed[m.id] = "nacked by the broker"
         elif isinstance(outcome, aiormq.exceptions.ChannelNotFoundEntity):
             self.exchanges.forget([m.exchange])
+            self._close_reason = f"exchange {m.exchange!r} not found ({outcome})"
+            lost.append(m)
+        elif isinstance(outcome, aiormq.exceptions.ChannelClosed):
+            self._close_reason = str(outcome)
             lost.append(m)
         elif isinstance(
             outcome,

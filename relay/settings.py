@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         validation_alias=_env("RETRY_MAX"),
         description="Seconds: upper bound of a retry delay.",
     )
+    max_message_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1,
+        description="Bytes: a row whose content is larger goes straight to dead letters. Keep it "
+        "at or below the broker's max_message_size (RabbitMQ: 16 MiB from 4.0, 128 MiB before).",
+    )
     on_success: OnSuccess = Field(
         default=OnSuccess.DELETE,
         description="delete: remove published rows; archive: move them to <table>_archive.",

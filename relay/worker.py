@@ -45,6 +45,15 @@ class WorkerConfig:
     db_retry_max_s: float = 30.0
 
 
+def _null_field(row: OutboxRow) -> str | None:
+    """The reason a row of a classic (nullable) table can never be published, if any."""
+    if row.content is None:
+        return "content: NULL (a message needs a body; insert JSON, e.g. 'null'::jsonb)"
+    if row.exchange is None:
+        return "exchange: NULL (use '' for the default exchange)"
+    return None
+
+
 def build_messages(
     rows: Sequence[OutboxRow], *, mandatory: bool, max_message_bytes: int
 ) -> tuple[list[Message], dict[str, str]]:
@@ -52,11 +61,17 @@ def build_messages(
     messages: list[Message] = []
     invalid: dict[str, str] = {}
     for row in rows:
+        fault = _null_field(row)
+        if fault is not None:
+            invalid[row.id] = fault
+            continue
+        assert row.content is not None
+        assert row.exchange is not None
         body = row.content.encode()
         if len(body) > max_message_bytes:
             invalid[row.id] = (
                 f"content: {len(body)} bytes exceeds the maximum message size "
-                f"({max_message_bytes} bytes)"
+                f"({max_message_bytes} bytes, RELAY_MAX_MESSAGE_BYTES)"
             )
             continue
         try:
@@ -65,7 +80,9 @@ def build_messages(
             invalid[row.id] = str(exc)
             continue
         flag = mandatory if props.mandatory is None else props.mandatory
-        messages.append(Message(row.id, row.exchange, row.routing_key, body, props, flag))
+        # A NULL routing key (classic tables allow it) means the empty key, as in amqplib.
+        key = row.routing_key or ""
+        messages.append(Message(row.id, row.exchange, key, body, props, flag))
     return messages, invalid
 
 

@@ -125,3 +125,71 @@ SELECT to_regclass({table_literal}) IS NOT NULL
 
 -- name: ping
 SELECT 1
+
+-- ============================================================ dead letters and retention
+-- (relay/deadletters.py: `relay dead ...` and `relay prune`)
+
+-- name: dead_list
+SELECT id::text AS id, dead_at, attempts, exchange, routing_key, reason
+FROM {dead}
+WHERE ($1::text IS NULL OR reason ILIKE '%' || $1 || '%')
+ORDER BY dead_at, seq
+LIMIT $2
+
+-- name: dead_show
+SELECT id::text AS id, seq, exchange, routing_key, content::text AS content,
+       options::text AS options, ordering_key, created_at, available_at, attempts,
+       last_error, reason, dead_at
+FROM {dead}
+WHERE id = $1::uuid
+
+-- name: dead_replay
+-- Moves up to $3 matching dead letters back into the outbox with their original id (so the
+-- message_id stays the same), attempts reset and due now. Rows whose content or exchange is
+-- NULL cannot be published and stay; rows whose id is already in the outbox stay too (the
+-- INSERT would fail, which rolls the whole statement back: nothing is lost either way).
+WITH picked AS (
+    SELECT d.id FROM {dead} AS d
+    WHERE ($1::uuid[] IS NULL OR d.id = ANY($1::uuid[]))
+      AND ($2::text IS NULL OR d.reason ILIKE '%' || $2 || '%')
+      AND d.content IS NOT NULL AND d.exchange IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = d.id)
+    ORDER BY d.seq
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM {dead} AS d USING picked AS p WHERE d.id = p.id
+    RETURNING d.id, d.seq, d.exchange, d.routing_key, d.content, d.options, d.created_at,
+              d.reason, d.ordering_key
+)
+INSERT INTO {table} (id, exchange, routing_key, content, options, created_at, available_at,
+                     attempts, last_error, ordering_key)
+SELECT id, exchange, COALESCE(routing_key, ''), content, options, created_at, now(), 0,
+       'replayed from dead letters; was: ' || reason, ordering_key
+FROM moved
+ORDER BY seq
+RETURNING id::text
+
+-- name: dead_unreplayable
+-- Matching dead letters that replay leaves where they are, with why.
+SELECT d.id::text AS id,
+       CASE WHEN d.content IS NULL THEN 'content is NULL'
+            WHEN d.exchange IS NULL THEN 'exchange is NULL'
+            ELSE 'id already in the outbox' END AS why
+FROM {dead} AS d
+WHERE ($1::uuid[] IS NULL OR d.id = ANY($1::uuid[]))
+  AND ($2::text IS NULL OR d.reason ILIKE '%' || $2 || '%')
+
+-- name: dead_purge
+DELETE FROM {dead}
+WHERE id IN (SELECT id FROM {dead}
+             WHERE ($1::float8 IS NULL OR dead_at < now() - make_interval(secs => $1))
+             LIMIT $2)
+
+-- name: archive_prune
+-- Bounded batches keep each transaction (and the WAL and locks it holds) small.
+DELETE FROM {archive}
+WHERE id IN (SELECT id FROM {archive}
+             WHERE published_at < now() - make_interval(secs => $1)
+             ORDER BY published_at
+             LIMIT $2)
