@@ -1,0 +1,179 @@
+"""Failure handling against the real servers: archive, mandatory off, flow control, the
+dead-letter and prune commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from typing import Any
+
+import asyncpg
+
+from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, wait_until
+
+
+def _relay_cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [RELAY_BIN, *args], env=env.relay_env(), capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+
+
+async def _fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def test_on_success_archive__moves_published_rows_with_published_at(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": i} for i in range(20)])
+    start_relay(on_success="archive")
+    await consumer.wait_for(20)
+    await wait_until(lambda: _archived(env) , what="20 archived rows")
+    rows = await _fetch(env.pg_dsn, "SELECT id::text, published_at FROM queue_message_archive")
+    assert sorted(r[0] for r in rows) == sorted(ids)
+    assert all(r[1] is not None for r in rows)
+    assert await count_rows(env.pg_dsn) == 0
+
+
+async def _archived(env: Env) -> bool:
+    return await count_rows(env.pg_dsn, "queue_message_archive") == 20
+
+
+async def test_mandatory_off__unroutable_row_counts_as_published(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    await insert_rows(env.pg_dsn, env.exchange, "no-queue-bound", [{"lost": True}])
+    await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": 1}])
+    start_relay(mandatory="false")
+    await consumer.wait_for(1)
+    await wait_until(lambda: _table_empty(env), what="outbox empty")
+    assert await count_rows(env.pg_dsn, "queue_message_dead") == 0
+
+
+async def _table_empty(env: Env) -> bool:
+    return await count_rows(env.pg_dsn) == 0
+
+
+async def test_dead_commands__list_show_replay_keep_the_id_and_purge(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    bad = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": i} for i in range(3)],
+                            options={"priority": "high"})
+    relay = start_relay()
+    await wait_until(lambda: _dead_count(env, 3), what="3 dead letters")
+
+    listed = _relay_cli(env, "dead", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert sorted(r["id"] for r in rows) == sorted(bad)
+    assert all(r["reason"].startswith("options.priority:") for r in rows)
+    table = _relay_cli(env, "dead", "list")
+    assert "options.priority" in table.stdout
+
+    shown = _relay_cli(env, "dead", "show", bad[0])
+    assert shown.returncode == 0
+    assert json.loads(shown.stdout)["content"] == '{"n": 0}'
+    assert _relay_cli(env, "dead", "show", "00000000-0000-0000-0000-000000000000").returncode == 3
+
+    # Fix the rows where they lie, then replay one by id and the rest by reason.
+    await _fetch(env.pg_dsn, "UPDATE queue_message_dead SET options = NULL")
+    one = _relay_cli(env, "dead", "replay", bad[0])
+    assert "replayed 1" in one.stdout, one.stdout + one.stderr
+    await consumer.wait_for(1)
+    rest = _relay_cli(env, "dead", "replay", "--reason", "PRIORITY")
+    assert "replayed 2" in rest.stdout
+    await consumer.wait_for(3)
+    assert sorted(consumer.ids()) == sorted(bad), "replay keeps the original id as message_id"
+
+    # Purge: nothing is older than an hour; everything goes without --older-than.
+    await _fetch(env.pg_dsn, "INSERT INTO queue_message_dead (id, created_at, available_at, "
+                 "attempts, reason, dead_at) VALUES (gen_random_uuid(), now(), now(), 1, 'r', "
+                 "now() - interval '2 days'), (gen_random_uuid(), now(), now(), 1, 'r', now())")
+    assert "purged 1 " in _relay_cli(env, "dead", "purge", "--older-than", "1d").stdout
+    assert "purged 1 " in _relay_cli(env, "dead", "purge").stdout
+    assert relay.alive()
+
+
+async def _dead_count(env: Env, n: int) -> bool:
+    return await count_rows(env.pg_dsn, "queue_message_dead") == n
+
+
+async def test_dead_replay__leaves_rows_with_null_content_and_says_why(env: Env) -> None:
+    await _fetch(env.pg_dsn, "INSERT INTO queue_message_dead (id, exchange, created_at, "
+                 "available_at, attempts, reason) VALUES (gen_random_uuid(), 'x', now(), now(), "
+                 "0, 'content: NULL')")
+    out = _relay_cli(env, "dead", "replay", "--all")
+    assert out.returncode == 0, out.stderr
+    assert "replayed 0" in out.stdout
+    assert "content is NULL" in out.stdout
+
+
+async def test_prune__deletes_archived_rows_older_than_the_age_in_bounded_batches(env: Env) -> None:
+    await _fetch(env.pg_dsn, """
+        INSERT INTO queue_message_archive (id, exchange, routing_key, content, created_at,
+                                           available_at, attempts, published_at)
+        SELECT gen_random_uuid(), 'x', 'rk', '{}', now(), now(), 0,
+               now() - (CASE WHEN g <= 250 THEN interval '8 days' ELSE interval '1 day' END)
+        FROM generate_series(1, 300) AS g""")
+    out = _relay_cli(env, "prune", "--older-than", "7d", "--batch-rows", "100")
+    assert out.returncode == 0, out.stderr
+    assert "pruned 250 " in out.stdout
+    assert await count_rows(env.pg_dsn, "queue_message_archive") == 50
+    assert _relay_cli(env, "prune", "--older-than", "soon").returncode == 2
+
+
+async def test_connection_blocked__claims_nothing_until_the_alarm_clears(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    relay = start_relay()
+    await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"warm": 1}])
+    await consumer.wait_for(1)
+    # A memory alarm on the shared node, as short as possible, always cleared.
+    try:
+        _rabbitmqctl("set_vm_memory_high_watermark", "0.0000001")
+        # Another connection's publish is what makes the broker send connection.blocked to
+        # every publishing connection; ours publishes too, so wait for its log line.
+        await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"held": 1}])
+        await wait_until(lambda: _logged(relay, "broker_blocked"), timeout_s=30,
+                         what="broker_blocked in the relay log")
+        await asyncio.sleep(1.0)  # the held row must not be delivered while blocked
+        assert len(consumer.messages) == 1
+        dead_or_retried = await _fetch(env.pg_dsn, "SELECT attempts FROM queue_message")
+        assert [r[0] for r in dead_or_retried] == [0], "a blocked publish is not the row's fault"
+    finally:
+        _rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+    await consumer.wait_for(2, timeout_s=60)
+    await wait_until(lambda: _logged(relay, "broker_unblocked"), what="broker_unblocked")
+    assert relay.alive()
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _logged(relay: Any, event: str) -> bool:
+    return any(e.get("event") == event for e in relay.log_events())
+
+
+async def test_unknown_exchange__only_that_row_fails_and_the_rest_of_the_batch_flows(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    good1 = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": 1}])
+    bad = await insert_rows(env.pg_dsn, "relay-test-no-such-exchange", "rk", [{"bad": 1}])
+    good2 = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": 2}])
+    start_relay(max_attempts="1")
+    await consumer.wait_for(2)
+    assert sorted(consumer.ids()) == sorted(good1 + good2)
+    await wait_until(lambda: _dead_count(env, 1), what="1 dead letter")
+    (reason,) = await _fetch(env.pg_dsn, "SELECT reason FROM queue_message_dead WHERE id = $1",
+                             bad[0])
+    assert "not found" in reason[0]
+    assert "relay-test-no-such-exchange" in reason[0]
+
+
