@@ -31,10 +31,11 @@ async def _fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
 async def test_on_success_archive__moves_published_rows_with_published_at(
     env: Env, consumer: Consumer, start_relay
 ) -> None:
-    ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": i} for i in range(20)])
+    bodies = [{"n": i} for i in range(20)]
+    ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, bodies)
     start_relay(on_success="archive")
     await consumer.wait_for(20)
-    await wait_until(lambda: _archived(env) , what="20 archived rows")
+    await wait_until(lambda: _archived(env), what="20 archived rows")
     rows = await _fetch(env.pg_dsn, "SELECT id::text, published_at FROM queue_message_archive")
     assert sorted(r[0] for r in rows) == sorted(ids)
     assert all(r[1] is not None for r in rows)
