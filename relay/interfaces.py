@@ -51,6 +51,8 @@ class PublishResult:
     failed: dict[str, str] = field(default_factory=dict)
     unsent: list[str] = field(default_factory=list)
     broker_lost: bool = False
+    # Refused before publishing because the broker would refuse them every time (dead letters).
+    invalid: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

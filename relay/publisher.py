@@ -11,6 +11,7 @@ import contextlib
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import aiormq
@@ -112,6 +113,8 @@ class AmqpPublisher:
         self._outage_started = 0.0
         self._blocked_logged = False
         self._close_reason: str | None = None
+        # RabbitMQ closes the channel for a user_id other than the connection's own user.
+        self._user = unquote(urlsplit(url).username or "guest")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -247,7 +250,16 @@ class AmqpPublisher:
         channel, so that only the offending rows fail and the others are delivered.
         """
         result = PublishResult()
-        pending = list(messages)
+        pending = []
+        for m in messages:
+            uid = m.properties.user_id
+            if uid is not None and uid != self._user:
+                result.invalid[m.id] = (
+                    f"options.userId: {uid!r} is not the relay's broker user {self._user!r} "
+                    "(RabbitMQ refuses it)"
+                )
+            else:
+                pending.append(m)
         isolate = False
         async with self._lock:
             for _ in range(3):

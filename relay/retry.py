@@ -37,7 +37,7 @@ def plan_settlement(
     """
     settlement = Settlement(published=list(result.confirmed))
     for row in rows:
-        reason = invalid.get(row.id)
+        reason = invalid.get(row.id) or result.invalid.get(row.id)
         if reason is not None:
             settlement.dead.append((row.id, reason, False))
             continue
