@@ -250,16 +250,7 @@ class AmqpPublisher:
         channel, so that only the offending rows fail and the others are delivered.
         """
         result = PublishResult()
-        pending = []
-        for m in messages:
-            uid = m.properties.user_id
-            if uid is not None and uid != self._user:
-                result.invalid[m.id] = (
-                    f"options.userId: {uid!r} is not the relay's broker user {self._user!r} "
-                    "(RabbitMQ refuses it)"
-                )
-            else:
-                pending.append(m)
+        pending = self._refuse_foreign_user_ids(messages, result)
         isolate = False
         async with self._lock:
             for _ in range(3):
@@ -291,6 +282,21 @@ class AmqpPublisher:
             result.unsent.extend(m.id for m in pending)
             result.broker_lost = not self.connected
         return result
+
+    def _refuse_foreign_user_ids(
+        self, messages: Sequence[Message], result: PublishResult
+    ) -> list[Message]:
+        pending = []
+        for m in messages:
+            uid = m.properties.user_id
+            if uid is not None and uid != self._user:
+                result.invalid[m.id] = (
+                    f"options.userId: {uid!r} is not the relay's broker user {self._user!r} "
+                    "(RabbitMQ refuses it)"
+                )
+            else:
+                pending.append(m)
+        return pending
 
     async def _publish_isolated(
         self, messages: list[Message], result: PublishResult
