@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -25,6 +26,11 @@ from relay.options import Properties
 from relay.settings import redact_url
 
 log = structlog.get_logger("relay.publisher")
+
+# aiormq and aio-pika log every failed reconnect attempt and every dropped connection; the
+# publisher logs each outage once itself (broker_connection_lost ... broker_reconnected).
+for _name in ("aiormq.connection", "aio_pika.connection", "aio_pika.robust_connection"):
+    logging.getLogger(_name).setLevel(logging.CRITICAL)
 
 OUTBOX_ID_HEADER = "x-outbox-id"
 _BROKER_LOST = (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)
@@ -151,9 +157,15 @@ class AmqpPublisher:
     def connected(self) -> bool:
         """The connection is open."""
         conn = self._connection
-        # aio-pika's is_closed stays False after the peer drops the socket (it only turns on
-        # close()); its `connected` event is cleared when the underlying connection dies.
-        return conn is not None and not conn.is_closed and conn.connected.is_set()
+        if conn is None or conn.is_closed:
+            return False
+        # aio-pika >= 10 only marks `is_closed` on an explicit close(); a connection the broker
+        # dropped shows in its `connected` event and in the underlying aiormq connection.
+        event = getattr(conn, "connected", None)
+        if isinstance(event, asyncio.Event) and not event.is_set():
+            return False
+        underlay = getattr(getattr(conn, "transport", None), "connection", None)
+        return not bool(getattr(underlay, "is_closed", False))
 
     def _unblocked_event(self) -> asyncio.Event | None:
         # aiormq keeps connection.blocked state in a private event; read it, never set it.
@@ -388,13 +400,7 @@ class AmqpPublisher:
         elif isinstance(outcome, aiormq.exceptions.ChannelClosed):
             self._close_reason = str(outcome)
             lost.append(m)
-        elif isinstance(
-            outcome,
-            aiormq.exceptions.ChannelClosed
-            | aiormq.exceptions.ChannelInvalidStateError
-            | asyncio.CancelledError
-            | _BROKER_LOST,
-        ):
+        elif isinstance(outcome, (*_CHANNEL_GONE, asyncio.CancelledError, *_BROKER_LOST)):
             lost.append(m)
         else:
             result.failed[m.id] = f"publish failed: {outcome!r}"

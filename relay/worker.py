@@ -144,6 +144,14 @@ class Worker:
                 db_delay = min(db_delay * 2, self.config.db_retry_max_s)
                 self._wake.set()
                 continue
+            except Exception as exc:
+                # An unexpected error (a bug, a driver surprise) rolls its batch back; the
+                # relay backs off and goes on rather than stopping the line for everyone.
+                log.error("drain_failed", error=repr(exc), exc_info=True)
+                await self._pause(random.uniform(db_delay / 2, db_delay))
+                db_delay = min(db_delay * 2, self.config.db_retry_max_s)
+                self._wake.set()
+                continue
             if db_outage:
                 log.info("database_reconnected")
             db_outage, db_delay = False, 0.2

@@ -100,9 +100,12 @@ async def broker_names(amqp_url: str) -> AsyncIterator[tuple[str, str]]:
     x = await channel.declare_exchange(exchange, aio_pika.ExchangeType.DIRECT, durable=True)
     q = await channel.declare_queue(queue, durable=True)
     await q.bind(x, "rk")
+    await conn.close()
     try:
         yield exchange, queue
     finally:
+        # A fresh connection: a chaos test may have restarted the broker meanwhile.
+        conn = await aio_pika.connect(amqp_url)
         channel = await conn.channel()
         await channel.queue_delete(queue)
         await channel.exchange_delete(exchange)

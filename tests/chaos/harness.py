@@ -1,0 +1,199 @@
+"""What the chaos tests share: a consumer that survives a broker restart, a steady producer,
+relay processes, and the loss / duplicate report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from tests.helpers import Env, RelayProcess, count_rows, wait_until
+
+
+@dataclass
+class RobustConsumer:
+    """Consumes a queue over a robust connection (re-consumes after a broker restart).
+
+    A message whose ack is lost with the connection comes again: counted as a duplicate.
+    """
+
+    amqp_url: str
+    queue: str
+    ids: list[str] = field(default_factory=list)
+    arrivals: dict[str, float] = field(default_factory=dict)
+    _conn: Any = None
+
+    async def start(self) -> RobustConsumer:
+        """Connect and consume with automatic ack."""
+        self._conn = await aio_pika.connect_robust(self.amqp_url, reconnect_interval=0.5)
+        channel = await self._conn.channel()
+        await channel.set_qos(prefetch_count=2000)
+        queue = await channel.get_queue(self.queue, ensure=True)
+        # Manual acks: with no_ack, messages on the wire when the broker stops would be gone
+        # and counted as lost by the relay's test; unacked ones are redelivered instead.
+        await queue.consume(self._on_message, no_ack=False)
+        return self
+
+    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        mid = str(message.message_id)
+        self.ids.append(mid)
+        self.arrivals.setdefault(mid, time.monotonic())
+        with contextlib.suppress(Exception):
+            await message.ack()
+
+    async def stop(self) -> None:
+        """Close the connection."""
+        if self._conn is not None:
+            await self._conn.close()
+
+    def distinct(self) -> int:
+        """Distinct message ids received."""
+        return len(set(self.ids))
+
+    async def wait_all(self, ids: list[str], timeout_s: float, dsn: str | None = None) -> None:
+        """Wait until every id arrived; the failure message says how many are missing."""
+        want = set(ids)
+        try:
+            await wait_until(lambda: want <= set(self.ids), timeout_s=timeout_s, interval_s=0.2)
+        except AssertionError:
+            depth = await self._queue_depth()
+            where = await outbox_state(dsn, sorted(want - set(self.ids))) if dsn else ""
+            raise AssertionError(
+                f"timed out after {timeout_s}s: {len(want - set(self.ids))} of {len(want)} "
+                f"messages missing; {depth} ready in the queue; {where}"
+            ) from None
+
+    async def _queue_depth(self) -> int | str:
+        try:
+            conn = await aio_pika.connect(self.amqp_url)
+            try:
+                channel = await conn.channel()
+                queue = await channel.declare_queue(self.queue, passive=True)
+                return int(queue.declaration_result.message_count or 0)
+            finally:
+                await conn.close()
+        except Exception as exc:
+            return f"unknown ({exc!r})"
+
+
+async def outbox_state(dsn: str, missing: list[str]) -> str:
+    """Where missing rows are: still in the outbox (and their attempts), or dead."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        live = await conn.fetch(
+            "SELECT attempts, last_error, available_at > now() AS later, count(*) "
+            "FROM queue_message WHERE id = ANY($1::uuid[]) GROUP BY 1, 2, 3", missing)
+        dead = await conn.fetchval(
+            "SELECT count(*) FROM queue_message_dead WHERE id = ANY($1::uuid[])", missing)
+    finally:
+        await conn.close()
+    return f"in the outbox: {[tuple(r) for r in live]}; dead: {dead}"
+
+
+def fresh_ids(n: int) -> list[str]:
+    """Client-side row ids, so a test knows every id it produced even across faults."""
+    return [str(uuid.uuid4()) for _ in range(n)]
+
+
+async def insert_with_ids(
+    dsn: str, exchange: str, routing_key: str, ids: list[str], *, pad: int = 0
+) -> None:
+    """Insert rows with the given ids (classic columns), in one statement."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO queue_message (id, exchange, routing_key, content) "
+            "SELECT i, $1, $2, jsonb_build_object('id', i::text, 'pad', repeat('x', $4)) "
+            "FROM unnest($3::uuid[]) AS i",
+            exchange, routing_key, ids, pad,
+        )
+    finally:
+        await conn.close()
+
+
+async def produce(
+    env: Env, total: int, *, chunk: int, interval_s: float, dsn: str | None = None
+) -> list[str]:
+    """Insert `total` rows in chunks at a steady pace; return their ids in order."""
+    ids = fresh_ids(total)
+    for start in range(0, total, chunk):
+        await insert_with_ids(dsn or env.pg_dsn, env.exchange, env.routing_key,
+                              ids[start:start + chunk])
+        await asyncio.sleep(interval_s)
+    return ids
+
+
+def report(name: str, ids: list[str], consumer: RobustConsumer) -> tuple[int, int]:
+    """Print and return (lost, duplicates) for the ids a test produced."""
+    got = Counter(consumer.ids)
+    lost = sum(1 for i in ids if i not in got)
+    duplicates = sum(n - 1 for n in got.values())
+    print(f"\n[chaos] {name}: produced={len(ids)} received={len(consumer.ids)} "
+          f"lost={lost} duplicates={duplicates}")
+    return lost, duplicates
+
+
+class Relays:
+    """Relay processes of one test, each with its own log file; all killed at the end."""
+
+    def __init__(self, env: Env, tmp_path: Path, **overrides: object) -> None:
+        self.env = env
+        self.tmp_path = tmp_path
+        self.overrides = overrides
+        self.procs: list[RelayProcess] = []
+
+    def start(self, **more: object) -> RelayProcess:
+        """Start one more `relay run`."""
+        log_path = self.tmp_path / f"relay-{len(self.procs)}.log"
+        proc = RelayProcess(self.env.relay_env(**{**self.overrides, **more}), log_path).start()
+        self.procs.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        """kill -9 whatever is still running."""
+        for proc in self.procs:
+            proc.kill()
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """Log events of that name from every relay process of the test."""
+        return [e for p in self.procs for e in p.log_events() if e.get("event") == name]
+
+
+@contextmanager
+def relays(env: Env, tmp_path: Path, **overrides: object) -> Iterator[Relays]:
+    """Relays for one test, killed on exit even when the test fails."""
+    group = Relays(env, tmp_path, **overrides)
+    try:
+        yield group
+    finally:
+        group.kill_all()
+
+
+async def assert_drained(dsn: str, timeout_s: float = 60.0) -> None:
+    """The outbox ends empty: no row lost in it or left locked."""
+    async def empty() -> bool:
+        return await count_rows(dsn) == 0
+    await wait_until(empty, timeout_s=timeout_s, interval_s=0.2,
+                     what=f"an empty outbox (has {await count_rows(dsn)} rows)")
+
+
+def rabbitmqctl(*args: str, timeout_s: float = 120.0) -> None:
+    """Run rabbitmqctl on the local node; raise on failure."""
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=timeout_s)
+
+
+def dump(obj: Any) -> str:
+    """JSON for failure messages."""
+    return json.dumps(obj, default=str)[:2000]
