@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -21,6 +24,10 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
+
+# The pool logs a traceback per failed reconnect of its idle floor; the worker logs each
+# outage once itself (database_unavailable ... database_reconnected).
+logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
 
 # A pooled connection proxy or a plain connection: both run queries the same way.
 Conn = Any
@@ -75,6 +82,17 @@ async def connect(settings: Settings, role: str) -> asyncpg.Connection:
     except DB_ERRORS as exc:
         where = redact_url(settings.pg_dsn)
         raise DatabaseError(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
+
+
+async def _rollback_quietly(conn: Conn, tx: Any) -> None:
+    """Roll back a claim; a connection the server or the pool already dropped is terminated."""
+    try:
+        if not conn.is_closed():
+            await tx.rollback()
+    except DB_ERRORS:
+        # The pool may already have reclaimed a connection the server dropped.
+        with contextlib.suppress(asyncpg.InterfaceError):
+            conn.terminate()
 
 
 class _Claim:
@@ -139,7 +157,9 @@ class Outbox:
     async def close(self) -> None:
         """Close the pool; connections in use are terminated after a short grace."""
         try:
-            await self._pool.close()
+            # pool.close() waits for every acquired connection; one stuck on a dead socket
+            # must not hold a stopping relay past its shutdown bound.
+            await asyncio.wait_for(self._pool.close(), timeout=5)
         except DB_ERRORS:
             self._pool.terminate()
 
@@ -167,11 +187,7 @@ class Outbox:
             try:
                 yield batch
             except BaseException:
-                if not conn.is_closed():
-                    try:
-                        await tx.rollback()
-                    except DB_ERRORS:
-                        conn.terminate()
+                await _rollback_quietly(conn, tx)
                 raise
             try:
                 await tx.commit()
@@ -184,7 +200,8 @@ class Outbox:
         try:
             await self._pool.release(conn)
         except DB_ERRORS:
-            conn.terminate()
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
 
     async def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest delayed row becomes due; None when no row waits."""

@@ -33,7 +33,7 @@ async def test_kill9__one_of_two_replicas_every_second_loses_nothing(
             ids = await producer
             await consumer.wait_all(ids, timeout_s=90, dsn=env.pg_dsn)
             await assert_drained(env.pg_dsn)
-            lost, duplicates = report(f"kill -9 x{kills}", ids, consumer)
+            lost, _duplicates = report(f"kill -9 x{kills}", ids, consumer)
             assert lost == 0
             assert kills >= 15
             assert all(p.alive() for p in replicas)
