@@ -8,6 +8,7 @@ import json
 import subprocess
 from typing import Any
 
+import aio_pika
 import asyncpg
 
 from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, wait_until
@@ -178,3 +179,31 @@ async def test_unknown_exchange__only_that_row_fails_and_the_rest_of_the_batch_f
     assert "relay-test-no-such-exchange" in reason[0]
 
 
+
+
+async def test_exchange_deleted_after_the_check__channel_close_fails_only_that_row(
+    env: Env, consumer: Consumer, start_relay, amqp_url: str
+) -> None:
+    doomed = env.exchange + "-doomed"
+    conn = await aio_pika.connect(amqp_url)
+    try:
+        channel = await conn.channel()
+        await channel.declare_exchange(doomed, aio_pika.ExchangeType.FANOUT)
+        start_relay(max_attempts="1")
+        # The relay checks the exchange once and caches it as existing...
+        await insert_rows(env.pg_dsn, doomed, "", [{"warm": 1}])
+        await wait_until(lambda: _dead_count(env, 1), what="the warm-up row (unroutable)")
+        # ...then it goes away: the publish closes the channel (404) mid-batch.
+        await channel.exchange_delete(doomed)
+    finally:
+        await conn.close()
+    bodies = [{"n": i} for i in range(30)]
+    good = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, bodies[:15])
+    bad = await insert_rows(env.pg_dsn, doomed, "", [{"bad": 1}])
+    good += await insert_rows(env.pg_dsn, env.exchange, env.routing_key, bodies[15:])
+    await consumer.wait_for(30)
+    assert sorted(consumer.ids()) == sorted(good)
+    await wait_until(lambda: _dead_count(env, 2), what="the row to the deleted exchange dead")
+    (row,) = await _fetch(env.pg_dsn, "SELECT reason FROM queue_message_dead WHERE id = $1",
+                          bad[0])
+    assert "not found" in row[0]
