@@ -216,7 +216,8 @@ class RelayMetrics:
         self.batch_seconds.observe(batch_s)
         published = set(settlement.published)
         done = [row for row in rows if row.id in published]
-        exchanges: Tally[str] = Tally(row.exchange for row in done)
+        # A published row has an exchange; the type allows NULL for rows of classic tables.
+        exchanges: Tally[str] = Tally(row.exchange or "" for row in done)
         # Clock skew between the database and this host can make an age negative: count it as 0.
         ages = [confirmed_at - row.created_at_s for row in done if row.created_at_s is not None]
         self.message_age.observe_many(age if age > 0 else 0.0 for age in ages)
