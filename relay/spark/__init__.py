@@ -5,7 +5,7 @@ Importing this package does not import pyspark; the functions do, when called.
 
 from relay.spark.errors import JdbcDriverNotFound, OutboxColumnError, SparkWriteError
 from relay.spark.ids import NAMESPACE, key_of, outbox_id, python_outbox_id
-from relay.spark.session import DEBIAN_JDBC_JAR, jdbc_jar, session
+from relay.spark.runtime import DEBIAN_JDBC_JAR, jdbc_jar, session
 from relay.spark.writer import WriteMode, WriteResult, cleanup_staging, write_outbox
 
 __all__ = [
