@@ -138,6 +138,11 @@ class Settings(BaseSettings):
         validation_alias=_env("BACKLOG_POLL_INTERVAL"),
         description="Seconds between backlog queries behind /metrics and /readyz (per relay).",
     )
+    spark_jdbc_jar: str | None = Field(
+        default=None,
+        description="Path of the PostgreSQL JDBC driver jar for relay.spark jobs; unset: "
+        "spark.jars as given, else /usr/share/java/postgresql.jar (libpostgresql-jdbc-java).",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     log_format: str = Field(
         default="auto", description="json, console, or auto (console on a terminal)."

@@ -193,3 +193,64 @@ WHERE id IN (SELECT id FROM {archive}
              WHERE published_at < now() - make_interval(secs => $1)
              ORDER BY published_at
              LIMIT $2)
+
+-- ============================================================ spark
+-- Run by relay.spark (psycopg, on the Spark driver and, in copy mode, on executors). Besides
+-- the table placeholders: {stage} is a quoted staging table, {stage_literal} its bare name as
+-- a string literal, {columns} the quoted column list the DataFrame writes. No parameters.
+
+-- name: spark_table_columns
+-- The outbox table's columns and types, to validate a DataFrame before anything is written.
+SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+FROM pg_attribute a
+WHERE a.attrelid = {table_literal}::regclass AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+
+-- name: spark_table_schema
+SELECT n.nspname::text
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = {table_literal}::regclass
+
+-- name: spark_stage_lock
+-- Held by the job's driver for the life of its staging table: cleanup drops only tables
+-- whose lock it can take, i.e. whose job is gone.
+SELECT pg_advisory_lock(hashtext('outbox-relay:stage'), hashtext({stage_literal}))
+
+-- name: spark_stage_unlock
+SELECT pg_advisory_unlock(hashtext('outbox-relay:stage'), hashtext({stage_literal}))
+
+-- name: spark_stage_create
+-- Same column types as the outbox (jsonb, uuid, ...), no constraints, no trigger, no WAL.
+CREATE UNLOGGED TABLE {stage} AS SELECT {columns} FROM {table} WITH NO DATA
+
+-- name: spark_stage_drop
+DROP TABLE IF EXISTS {stage}
+
+-- name: spark_stale_stages
+-- Staging tables next to the outbox whose job no longer holds their lock. The locks taken
+-- here are session locks of the cleanup's own short-lived connection.
+SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r'
+  AND c.relname LIKE 'relay\_stage\_%'
+  AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = {table_literal}::regclass)
+  AND pg_try_advisory_lock(hashtext('outbox-relay:stage'), hashtext(c.relname::text))
+
+-- name: spark_copy_create
+CREATE TEMPORARY TABLE {stage} ON COMMIT DROP AS SELECT {columns} FROM {table} WITH NO DATA
+
+-- name: spark_copy_rows
+COPY {stage} ({columns}) FROM STDIN
+
+-- name: spark_merge
+-- One statement, so the statement-level trigger wakes the relay once per job. ON CONFLICT
+-- skips ids still in the outbox; NOT EXISTS skips ids already archived (on_success=archive).
+-- Returns (rows staged, rows inserted).
+WITH inserted AS (
+    INSERT INTO {table} ({columns})
+    SELECT {columns} FROM {stage} AS s
+    WHERE NOT EXISTS (SELECT 1 FROM {archive} AS a WHERE a.id = s.id)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM {stage}), (SELECT count(*) FROM inserted)

@@ -1,0 +1,176 @@
+"""Spark -> outbox write throughput: each write_outbox mode vs a plain df.write.jdbc append of
+the same rows, in one run, rounds interleaved; then the whole path (job start to last message
+consumed) with one relay running.
+
+    .venv/bin/python bench/spark/run.py [--rows 1000000] [--rounds 3] [--path-rows 200000]
+
+Needs the local PostgreSQL and RabbitMQ (or BENCH_PG_DSN / BENCH_AMQP_URL); makes and drops
+its own database, exchange and queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from relay.migrate import migrate
+from relay.queries import TableNames
+from relay.settings import NotifyMode
+from relay.spark import outbox_id, session, write_outbox
+from relay.spark.dsn import jdbc_target
+
+ADMIN_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+RELAY_BIN = str(Path(sys.executable).with_name("relay"))
+
+
+def frame(spark: Any, rows: int, exchange: str, tag: str) -> Any:
+    """`rows` outbox rows of about 200 bytes each (content ~150 bytes of JSON)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, numPartitions=4).select(
+        F.lit(exchange).alias("exchange"),
+        F.lit("bench.event").alias("routing_key"),
+        F.struct(
+            F.col("id").alias("n"),
+            F.lit("settlement.completed").alias("type"),
+            F.format_string("m-%08d", F.col("id")).alias("merchant"),
+            (F.col("id") * 7 % 100_000).alias("cents"),
+            F.lit("EUR").alias("currency"),
+            F.lit("2024-05-01T00:00:00Z").alias("at"),
+            F.lit("x" * 40).alias("pad"),
+        ).alias("content"),
+        outbox_id(F.lit(tag), F.col("id")).alias("id"),
+    )
+
+
+def plain_append(df: Any, dsn: str) -> None:
+    """What teams hand-roll: to_json + df.write.jdbc, same driver options, no idempotency."""
+    from pyspark.sql import functions as F
+
+    target = jdbc_target(dsn)
+    df.withColumn("content", F.to_json("content")).write.jdbc(
+        target.url, "queue_message", mode="append",
+        properties=target.properties() | {"batchsize": "10000"},
+    )
+
+
+async def truncate(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("TRUNCATE queue_message")
+        await conn.execute("CHECKPOINT")
+    finally:
+        await conn.close()
+
+
+async def whole_path(spark: Any, dsn: str, rows: int) -> float:
+    """Seconds from the start of a staged write to the last message consumed, one relay."""
+    exchange, queue = f"bench-spark-{secrets.token_hex(3)}", f"bench-spark-{secrets.token_hex(3)}"
+    conn = await aio_pika.connect(AMQP_URL)
+    channel = await conn.channel()
+    await channel.set_qos(prefetch_count=2000)
+    x = await channel.declare_exchange(exchange, aio_pika.ExchangeType.DIRECT)
+    q = await channel.declare_queue(queue)
+    await q.bind(x, "bench.event")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env |= {"RELAY_PG_DSN": dsn, "RELAY_AMQP_URL": AMQP_URL, "RELAY_LOG_LEVEL": "warning"}
+    relay = subprocess.Popen(  # noqa: ASYNC220 - started once, before anything is timed
+        [RELAY_BIN, "run"], env=env, stdout=subprocess.DEVNULL
+    )
+    seen: set[str] = set()
+    tag = ""
+    done = asyncio.Event()
+
+    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        seen.add(str(message.message_id))
+        if len(seen) >= rows:
+            done.set()
+
+    try:
+        tag = await q.consume(on_message, no_ack=True)
+        await asyncio.sleep(2)  # let the relay finish starting: time the path, not start-up
+        started = time.monotonic()
+        # write_outbox blocks; in a thread the consumer keeps draining meanwhile.
+        await asyncio.to_thread(write_outbox, frame(spark, rows, exchange, "path"), dsn=dsn)
+        await asyncio.wait_for(done.wait(), timeout=1800)
+        return time.monotonic() - started
+    finally:
+        relay.terminate()
+        relay.wait(timeout=60)
+        await q.cancel(tag)
+        await channel.queue_delete(queue)
+        await channel.exchange_delete(exchange)
+        await conn.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--path-rows", type=int, default=200_000)
+    args = parser.parse_args()
+
+    name = f"bench_spark_{secrets.token_hex(3)}"
+    admin = await asyncpg.connect(ADMIN_DSN)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+    conn = await asyncpg.connect(dsn)
+    await migrate(conn, TableNames(None, "queue_message", "queue_message_notify"),
+                  NotifyMode.ALWAYS)
+    await conn.close()
+    t0 = time.monotonic()
+    spark = session("bench-spark", master="local[2]", **{"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    session_s = time.monotonic() - t0
+    rates: dict[str, list[float]] = {m: [] for m in ("plain", "append", "staged", "copy")}
+    try:
+        df = frame(spark, args.rows, "bench", "w")
+        plain_append(frame(spark, 10_000, "bench", "warm"), dsn)  # JIT and driver warm-up
+        for r in range(args.rounds):
+            order = list(rates)[r % 4:] + list(rates)[:r % 4]  # rotate: noise hits all modes
+            for mode in order:
+                await truncate(dsn)
+                started = time.monotonic()
+                if mode == "plain":
+                    plain_append(df, dsn)
+                else:
+                    write_outbox(df, dsn=dsn, mode=mode)
+                elapsed = time.monotonic() - started
+                rates[mode].append(args.rows / elapsed)
+                print(f"round {r + 1} {mode:<7} {args.rows / elapsed:>9,.0f} rows/s", flush=True)
+        await truncate(dsn)
+        path_s = await whole_path(spark, dsn, args.path_rows)
+    finally:
+        spark.stop()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+    print(f"\nmachine: {platform.node()} {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, session start {session_s:.1f}s")
+    print(f"{args.rows:,} rows per write, {args.rounds} rounds\n")
+    print("| mode | median rows/s | min–max rows/s | median ratio to plain append |")
+    print("|---|---:|---:|---:|")
+    for mode, values in rates.items():
+        ratios = [v / p for v, p in zip(values, rates["plain"], strict=True)]
+        print(f"| {mode} | {statistics.median(values):,.0f} | {min(values):,.0f}–"
+              f"{max(values):,.0f} | {statistics.median(ratios):.2f} |")
+    print(f"\nwhole path, staged write of {args.path_rows:,} rows with one relay running, job "
+          f"start to last message consumed: {path_s:.1f}s "
+          f"({args.path_rows / path_s:,.0f} msg/s end to end)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,175 @@
+"""libpq DSN or URL -> JDBC URL and connection properties (pure; no Spark, no driver).
+
+The relay and its jobs share one setting (RELAY_PG_DSN, else the libpq variables), but the JDBC
+driver speaks neither libpq syntax nor unix sockets. The password goes into the connection
+properties, never into the URL, so no URL that Spark logs or puts in an error carries it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+# libpq environment variables that fill keywords the DSN leaves out, as libpq itself does.
+_ENV = {
+    "host": "PGHOST",
+    "port": "PGPORT",
+    "dbname": "PGDATABASE",
+    "user": "PGUSER",
+    "password": "PGPASSWORD",
+    "sslmode": "PGSSLMODE",
+    "sslrootcert": "PGSSLROOTCERT",
+    "sslcert": "PGSSLCERT",
+    "sslkey": "PGSSLKEY",
+    "connect_timeout": "PGCONNECT_TIMEOUT",
+    "options": "PGOPTIONS",
+}
+
+# libpq keyword -> pgjdbc URL parameter, for the ones with a JDBC equivalent.
+_JDBC_PARAMS = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "connect_timeout": "connectTimeout",
+    "options": "options",
+    "application_name": "ApplicationName",
+}
+
+# What every outbox write needs from the driver: text parameters typed by the server (so a
+# Spark string goes into jsonb and uuid columns) and multi-row INSERTs instead of one per row.
+_FIXED_PARAMS = {"stringtype": "unspecified", "reWriteBatchedInserts": "true"}
+
+JDBC_DRIVER_CLASS = "org.postgresql.Driver"
+LOOPBACK = "127.0.0.1"
+
+_KV = re.compile(r"\s*(\w+)\s*=\s*('(?:[^'\\]|\\.)*'|\S*)")
+
+
+def _parse_keywords(dsn: str) -> dict[str, str]:
+    """Parse `key=value key='quoted value'` as libpq does."""
+    params: dict[str, str] = {}
+    pos = 0
+    text = dsn.strip()
+    while pos < len(text):
+        match = _KV.match(text, pos)
+        if not match:
+            raise ValueError("not a libpq DSN: expected key=value pairs")
+        key, value = match.group(1), match.group(2)
+        if value.startswith("'"):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        params[key] = value
+        pos = match.end()
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return params
+
+
+def _parse_url(dsn: str) -> dict[str, str]:
+    """Parse postgresql://user:password@host:port,host2:port2/dbname?key=value."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in {"postgresql", "postgres"}:
+        raise ValueError("not a PostgreSQL URL: expected postgresql:// or postgres://")
+    params: dict[str, str] = {}
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        user, _, password = userinfo.partition(":")
+        if user:
+            params["user"] = unquote(user)
+        if password:
+            params["password"] = unquote(password)
+    hosts, ports = [], []
+    for spec in netloc.split(",") if netloc else []:
+        # [v6addr]:port or host:port
+        match = re.fullmatch(r"(\[[^\]]*\]|[^:]*)(?::(\d*))?", spec)
+        if not match:
+            raise ValueError("not a PostgreSQL URL: bad host list")
+        hosts.append(unquote(match.group(1)))
+        ports.append(match.group(2) or "")
+    if any(hosts):
+        params["host"] = ",".join(hosts)
+    if any(ports):
+        params["port"] = ",".join(ports)
+    if parts.path.strip("/"):
+        params["dbname"] = unquote(parts.path.lstrip("/"))
+    params.update(dict(parse_qsl(parts.query, keep_blank_values=True)))
+    return params
+
+
+def libpq_params(dsn: str | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The libpq keywords a DSN means, with PG* environment variables and defaults filled in."""
+    env = os.environ if environ is None else environ
+    if not dsn:
+        params: dict[str, str] = {}
+    elif "://" in dsn:
+        params = _parse_url(dsn)
+    else:
+        params = _parse_keywords(dsn)
+    for key, var in _ENV.items():
+        if not params.get(key) and env.get(var):
+            params[key] = env[var]
+    params.setdefault("user", env.get("PGUSER") or getpass.getuser())
+    params.setdefault("dbname", params["user"])
+    return params
+
+
+def _tcp_host(host: str) -> str:
+    """JDBC has no unix sockets: a socket directory (or no host) becomes the loopback."""
+    if not host or host.startswith(("/", "@")):
+        return LOOPBACK
+    if host == "localhost":
+        # "localhost" may resolve to ::1 first while the server listens on 127.0.0.1 only.
+        return LOOPBACK
+    return host
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """A JDBC URL (without the password) and the connection properties Spark passes along."""
+
+    url: str
+    user: str
+    password: str | None = field(default=None, repr=False)
+
+    def properties(self) -> dict[str, str]:
+        """Properties for DataFrameWriter.jdbc: driver class, user and (if any) password."""
+        props = {"driver": JDBC_DRIVER_CLASS, "user": self.user}
+        if self.password is not None:
+            props["password"] = self.password
+        return props
+
+    def __str__(self) -> str:
+        return f"{self.url} (user {self.user})"
+
+
+def jdbc_target(
+    dsn: str | None,
+    environ: Mapping[str, str] | None = None,
+    application_name: str = "outbox-relay-spark",
+) -> JdbcTarget:
+    """Turn a libpq DSN or URL (or None: the PG* variables) into a JDBC target."""
+    params = libpq_params(dsn, environ)
+    hosts = (params.get("host") or "").split(",")
+    ports = (params.get("port") or "").split(",")
+    specs = []
+    for i, host in enumerate(hosts):
+        port = ports[i] if i < len(ports) else ports[-1]
+        tcp = _tcp_host(host)
+        if ":" in tcp and not tcp.startswith("["):
+            tcp = f"[{tcp}]"  # a bare IPv6 address from a key=value DSN
+        specs.append(f"{tcp}:{port or '5432'}")
+    query = dict(_FIXED_PARAMS)
+    query["ApplicationName"] = application_name
+    for key, jdbc_key in _JDBC_PARAMS.items():
+        if params.get(key):
+            query[jdbc_key] = params[key]
+    url = (
+        f"jdbc:postgresql://{','.join(specs)}/{quote(params['dbname'], safe='')}"
+        f"?{urlencode(query)}"
+    )
+    return JdbcTarget(url=url, user=params["user"], password=params.get("password"))
