@@ -26,7 +26,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from bench.common import AMQP_URL, BenchEnv, create_env, drop_env
+from bench.common import AMQP_URL, create_env, drop_env
 from bench.drain import drain_once
 from bench.latency import latency_once
 from bench.limits import aio_pika_limit, bulk_frame_limit, classic_relay, pg_claim_delete_limit

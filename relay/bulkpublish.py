@@ -202,8 +202,10 @@ class BulkPublisher(AmqpPublisher):
             await asyncio.wait_for(asyncio.shield(done), timeout=max(deadline - loop.time(), 0))
         except TimeoutError:
             timed_out = True
-            channel.tracker.discard(tags)
         finally:
+            if not done.done():
+                # Timed out or cancelled: confirms that still come for these tags are ignored.
+                channel.tracker.discard(tags)
             if not drain.done():
                 drain.cancel()
         return self._settle(channel, messages, tags, timed_out, result)
