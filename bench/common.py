@@ -124,6 +124,16 @@ async def purge_queue(env: BenchEnv) -> None:
         await amqp.close()
 
 
+async def reset_env(env: BenchEnv) -> None:
+    """Empty the outbox and the queue (before repeating a run that failed half-way)."""
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        await conn.execute("TRUNCATE queue_message")
+    finally:
+        await conn.close()
+    await purge_queue(env)
+
+
 async def insert_backlog(conn: asyncpg.Connection, env: BenchEnv, rows: int) -> float:
     """Insert `rows` rows in one classic INSERT ... SELECT; return the commit's monotonic time."""
     await conn.execute(

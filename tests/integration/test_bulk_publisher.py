@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
+import asyncpg
 import pytest
 
 from relay.bulkpublish import BulkPublisher
 from relay.interfaces import Message
 from relay.options import Properties
-from tests.helpers import Consumer, wait_until
+from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
 
 
 def _messages(
@@ -197,3 +198,28 @@ async def test_bulk_publish__connection_lost_before_confirms_leaves_batch_unsent
     finally:
         await publisher.close()
         await proxy.close()
+
+
+async def test_relay_run_with_bulk_publisher__deletes_delivered_rows_and_keeps_unroutable_ones(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    good = await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
+                             [{"n": i} for i in range(1200)])
+    bad = await insert_rows(env.pg_dsn, env.exchange, "no-queue-bound", [{"bad": 1}])
+    relay = start_relay(publisher="bulk", batch_size=500, retry_base_s=60)
+    await consumer.wait_for(1200, timeout_s=60)
+    await wait_until(lambda: _rows_left_are(env.pg_dsn, bad), timeout_s=60,
+                     what="only the unroutable row left")
+    assert sorted(consumer.ids()) == sorted(good)
+    assert await count_rows(env.pg_dsn) == 1
+    assert relay.terminate() == 0
+
+
+async def _rows_left_are(dsn: str, ids: list[str]) -> bool:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT id::text, attempts, last_error FROM queue_message")
+    finally:
+        await conn.close()
+    return (sorted(r["id"] for r in rows) == sorted(ids)
+            and all(r["attempts"] == 1 and r["last_error"].startswith("unroutable") for r in rows))
