@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import BenchEnv, Relay, cpu_split, insert_backlog, purge_queue, wait_empty
+from bench.common import BenchEnv, Relay, cpu_split, insert_backlog, purge_queue, wait_drained
 
 
 async def drain_once(
@@ -38,7 +38,7 @@ async def drain_once(
             await relay.wait_started()
         with cpu_split([r.proc.pid for r in relays]) as cpu:
             committed = await insert_backlog(conn, env, rows)
-            emptied = await wait_empty(conn, timeout_s)
+            emptied = await wait_drained(conn, env, rows, timeout_s)
         seconds = emptied - committed
         await conn.execute("VACUUM queue_message")
     finally:

@@ -229,6 +229,10 @@ class BulkPublisher(AmqpPublisher):
                     result.failed[m.id] = reason
             elif code == NACKED:
                 result.failed[m.id] = "nacked by the broker"
+            elif timed_out and self.blocked:
+                # The broker stopped reading (connection.blocked) and holds the confirms:
+                # not the row's fault, so no attempt is counted; the worker waits for unblock.
+                result.unsent.append(m.id)
             elif timed_out and not channel.closed:
                 result.failed[m.id] = f"confirm timeout after {self.publish_timeout_s:g}s"
             else:

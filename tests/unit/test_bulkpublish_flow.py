@@ -69,3 +69,17 @@ async def test_send__confirm_timeout_fails_the_unconfirmed_rows_only() -> None:
     assert result.confirmed == ["id-0"]
     assert result.failed == {"id-1": "confirm timeout after 0.3s"}
     assert not channel.tracker.ranges
+
+
+async def test_send__confirms_held_by_a_blocked_broker_leave_rows_unsent_not_failed() -> None:
+    pub, channel, unblocked = _fakes(timeout_s=0.3)
+    unblocked.set()
+    result = PublishResult()
+    task = asyncio.ensure_future(pub._send(channel, _messages(2), result))
+    await channel.raw.write_queue.get()
+    channel.tracker.on_confirm(1, False, ACKED)
+    unblocked.clear()  # connection.blocked arrives while the confirms are outstanding
+    assert await task == []
+    assert result.confirmed == ["id-0"]
+    assert result.unsent == ["id-1"]
+    assert not result.failed
