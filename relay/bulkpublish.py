@@ -153,6 +153,10 @@ class BulkPublisher(AmqpPublisher):
         if pending:
             result.unsent.extend(m.id for m in pending)
             result.broker_lost = True
+        if result.unsent:
+            # Unsent rows are published again later: say so, since each is a possible duplicate.
+            log.warning("batch_unsent", count=len(result.unsent), connected=self.connected,
+                        blocked=self.blocked)
         return result
 
     async def _wait_unblocked(self, deadline: float) -> bool:
@@ -220,6 +224,9 @@ class BulkPublisher(AmqpPublisher):
     ) -> list[Message]:
         returned = channel.tracker.returned
         lost: list[Message] = []
+        if not timed_out and tags.remaining:
+            log.warning("batch_abandoned", unconfirmed=tags.remaining,
+                        channel_closed=channel.closed)
         for m, code in zip(messages, tags.status, strict=True):
             reason = returned.pop(m.id, None) if returned else None
             if code == ACKED:
