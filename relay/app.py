@@ -8,6 +8,7 @@ import signal
 
 import structlog
 
+from relay.bulkpublish import BulkPublisher
 from relay.http import Health, HttpServer
 from relay.listener import Listener
 from relay.metrics import BacklogPoller, RelayMetrics
@@ -15,7 +16,7 @@ from relay.outbox import Outbox, connect, table_names
 from relay.publisher import AmqpPublisher
 from relay.queries import Queries
 from relay.retry import RetryPolicy
-from relay.settings import Settings, redact_url
+from relay.settings import PublisherKind, Settings, redact_url
 from relay.worker import Worker, WorkerConfig
 
 log = structlog.get_logger("relay.app")
@@ -37,7 +38,8 @@ def worker_config(settings: Settings) -> WorkerConfig:
 async def run(settings: Settings) -> None:
     """Run the relay until SIGTERM/SIGINT; raises RelayError subclasses when start-up fails."""
     outbox = await Outbox.open(settings)
-    publisher = AmqpPublisher(
+    kind = BulkPublisher if settings.publisher is PublisherKind.BULK else AmqpPublisher
+    publisher = kind(
         settings.amqp_url,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_s=settings.reconnect_max_s,
@@ -67,6 +69,7 @@ async def run(settings: Settings) -> None:
         amqp=redact_url(settings.amqp_url),
         batch_size=settings.batch_size,
         concurrency=settings.concurrency,
+        publisher=settings.publisher.value,
     )
     worker_task = asyncio.ensure_future(worker.run())
     listener_task = asyncio.ensure_future(listener.run())

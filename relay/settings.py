@@ -21,6 +21,13 @@ class OnSuccess(StrEnum):
     ARCHIVE = "archive"
 
 
+class PublisherKind(StrEnum):
+    """Which publish path: whole batches as one write (bulk) or one aiormq publish per message."""
+
+    BULK = "bulk"
+    SIMPLE = "simple"
+
+
 class NotifyMode(StrEnum):
     """How producers wake relays: always, only while a relay sleeps, or never (polling)."""
 
@@ -142,6 +149,11 @@ class Settings(BaseSettings):
         default=None,
         description="Path of the PostgreSQL JDBC driver jar for relay.spark jobs; unset: "
         "spark.jars as given, else /usr/share/java/postgresql.jar (libpostgresql-jdbc-java).",
+    )
+    publisher: PublisherKind = Field(
+        default=PublisherKind.BULK,
+        description="bulk: encode a batch's frames at once, one write, settle from multiple "
+        "acks; simple: one aiormq publish (and future) per message.",
     )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     log_format: str = Field(

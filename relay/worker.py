@@ -190,6 +190,12 @@ class Worker:
                     return
             claimed = await self.run_batch()
             if claimed < self.config.batch_size:
+                if self._wake.is_set() and not self.stopping:
+                    # Rows were committed while this batch was in flight: claim them now
+                    # instead of waiting for the other lanes to finish (steady-load latency).
+                    # Cleared before the claim, so a commit racing it wakes us again.
+                    self._wake.clear()
+                    continue
                 return
 
     async def _wait_broker(self) -> None:

@@ -1,0 +1,280 @@
+"""What every benchmark shares: a database and broker names of its own, rows, relays, /proc CPU.
+
+The suite runs beside other work on a shared machine, so each scenario builds its own
+database (`bench_<run>`), exchange and queue, and tears them down afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+
+from relay.migrate import migrate
+from relay.queries import TableNames
+from relay.settings import NotifyMode
+
+PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+RELAY_BIN = str(Path(sys.executable).with_name("relay"))
+NAMES = TableNames(None, "queue_message", "queue_message_notify")
+ROUTING_KEY = "rk"
+
+# ~200-byte JSON body, as in the issue's measurements.
+BODY_SQL = (
+    "jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % 977), "
+    "'sku', 'SKU-' || lpad((g % 100000)::text, 6, '0'), 'qty', g % 7 + 1, "
+    "'amount_cents', (g * 37) % 100000, 'currency', 'EUR', "
+    "'note', repeat('x', 64), 'created', '2026-01-01T00:00:00Z')"
+)
+
+
+def with_database(dsn: str, database: str) -> str:
+    """The same server DSN, pointing at another database."""
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+@dataclass
+class BenchEnv:
+    """One scenario's database and broker objects."""
+
+    dsn: str
+    database: str
+    exchange: str
+    queue: str
+
+    def relay_env(self, **overrides: Any) -> dict[str, str]:
+        """Environment of a `relay run` subprocess for this scenario."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        env.update(
+            RELAY_PG_DSN=self.dsn,
+            RELAY_AMQP_URL=AMQP_URL,
+            RELAY_LOG_FORMAT="json",
+            RELAY_LOG_LEVEL="info",
+            RELAY_POLL_INTERVAL_S="5",
+        )
+        env.update({f"RELAY_{k.upper()}": str(v) for k, v in overrides.items()})
+        return env
+
+
+async def create_env(tag: str) -> BenchEnv:
+    """A migrated database and a durable queue bound to a direct exchange, all new."""
+    suffix = f"{tag}_{secrets.token_hex(3)}"
+    database = f"bench_{suffix}"
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await admin.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        await admin.close()
+    dsn = with_database(PG_ADMIN_DSN, database)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate(conn, NAMES, NotifyMode.ALWAYS)
+    finally:
+        await conn.close()
+    env = BenchEnv(dsn, database, f"bench-{suffix}-x", f"bench-{suffix}-q")
+    amqp = await aio_pika.connect(AMQP_URL)
+    try:
+        ch = await amqp.channel()
+        x = await ch.declare_exchange(env.exchange, aio_pika.ExchangeType.DIRECT, durable=True)
+        q = await ch.declare_queue(env.queue, durable=True)
+        await q.bind(x, ROUTING_KEY)
+    finally:
+        await amqp.close()
+    return env
+
+
+async def drop_env(env: BenchEnv) -> None:
+    """Remove the scenario's database, queue and exchange."""
+    amqp = await aio_pika.connect(AMQP_URL)
+    try:
+        ch = await amqp.channel()
+        await ch.queue_delete(env.queue)
+        await ch.exchange_delete(env.exchange)
+    finally:
+        await amqp.close()
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{env.database}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def purge_queue(env: BenchEnv) -> None:
+    """Empty the scenario's queue between runs (nothing consumes during a drain)."""
+    amqp = await aio_pika.connect(AMQP_URL)
+    try:
+        ch = await amqp.channel()
+        q = await ch.get_queue(env.queue)
+        await q.purge()
+    finally:
+        await amqp.close()
+
+
+async def reset_env(env: BenchEnv) -> None:
+    """Empty the outbox and the queue (before repeating a run that failed half-way)."""
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        await conn.execute("TRUNCATE queue_message")
+    finally:
+        await conn.close()
+    await purge_queue(env)
+
+
+async def insert_backlog(conn: asyncpg.Connection, env: BenchEnv, rows: int) -> float:
+    """Insert `rows` rows in one classic INSERT ... SELECT; return the commit's monotonic time."""
+    await conn.execute(
+        f"INSERT INTO queue_message (exchange, routing_key, content) "
+        f"SELECT $1, $2, {BODY_SQL} FROM generate_series(1, $3) AS g",
+        env.exchange,
+        ROUTING_KEY,
+        rows,
+    )
+    return time.monotonic()
+
+
+async def wait_empty(conn: asyncpg.Connection, timeout_s: float) -> float:
+    """Poll until the outbox is empty; return the monotonic time it was first seen empty."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM queue_message)"):
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            left = await conn.fetchval("SELECT count(*) FROM queue_message")
+            raise TimeoutError(f"outbox not drained after {timeout_s}s ({left} rows left)")
+        await asyncio.sleep(0.01)
+
+
+async def wait_drained(
+    conn: asyncpg.Connection, env: BenchEnv, rows: int, timeout_s: float
+) -> float:
+    """Wait for a drain of `rows` rows to finish without loading PostgreSQL while it runs.
+
+    Polling the table itself every few ms scans the dead tuples the drain leaves at the head
+    of the heap, which costs the server more than the relay's own claims; so watch the queue's
+    message count on the broker first, and the table only for the last batches' deletes.
+    """
+    deadline = time.monotonic() + timeout_s
+    amqp = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await amqp.channel()
+        while True:
+            q = await channel.declare_queue(env.queue, passive=True)
+            if (q.declaration_result.message_count or 0) >= rows:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {q.declaration_result.message_count} of {rows} "
+                                   f"messages reached the queue after {timeout_s}s")
+            await asyncio.sleep(0.05)
+    finally:
+        await amqp.close()
+    return await wait_empty(conn, max(deadline - time.monotonic(), 1.0))
+
+
+class Relay:
+    """A real `relay run` subprocess."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [RELAY_BIN, "run"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    async def wait_started(self, timeout_s: float = 30.0) -> None:
+        """Until the process logged relay_started."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"relay exited: {self.log_path.read_text()[-2000:]}")
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith("{") and json.loads(line).get("event") == "relay_started":
+                    return
+            await asyncio.sleep(0.05)
+        raise TimeoutError("relay did not start")
+
+    def stop(self) -> None:
+        """SIGTERM, then kill if it lingers."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------- CPU from /proc
+
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK
+
+
+def _pids_named(names: tuple[str, ...]) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in names:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _total_cpu_s() -> tuple[float, float]:
+    parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    values = [int(v) for v in parts]
+    idle = values[3] + values[4]
+    return sum(values) / _CLK, idle / _CLK
+
+
+@contextmanager
+def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
+    """CPU used (in cores) by the relays, postgres and rabbitmq over the block, plus the rest.
+
+    Postgres and RabbitMQ are shared with other work on this machine: their figures include it.
+    """
+    groups = {
+        "relay": lambda: relay_pids,
+        "postgres": lambda: _pids_named(("postgres",)),
+        "rabbitmq": lambda: _pids_named(("beam.smp",)),
+    }
+    start_pids = {k: f() for k, f in groups.items()}
+    start = {k: {p: _cpu_s(p) for p in pids} for k, pids in start_pids.items()}
+    total0, idle0 = _total_cpu_s()
+    t0 = time.monotonic()
+    out: dict[str, float] = {}
+    yield out
+    wall = max(time.monotonic() - t0, 1e-6)
+    total1, idle1 = _total_cpu_s()
+    for key, f in groups.items():
+        used = 0.0
+        for pid in set(f()) | set(start[key]):
+            used += _cpu_s(pid) - start[key].get(pid, 0.0)
+        out[key] = round(used / wall, 3)
+    busy = (total1 - total0) - (idle1 - idle0)
+    out["machine_busy"] = round(busy / wall, 3)
+    out["other"] = round(out["machine_busy"] - out["relay"] - out["postgres"] - out["rabbitmq"], 3)
