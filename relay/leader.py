@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,11 +45,15 @@ class Leadership:
         self.reconnect_max_s = reconnect_max_s
         self._conn: Any = None
 
-    async def acquire(self) -> None:
-        """Return once this relay holds the leader lock (stand by, polling, until then)."""
+    async def acquire(self, heartbeat: Callable[[], None] = lambda: None) -> None:
+        """Return once this relay holds the leader lock (stand by, polling, until then).
+
+        `heartbeat` is called on every poll: a standby is alive, and liveness probes must say so.
+        """
         delay = self.poll_interval_s
         standby_logged = False
         while True:
+            heartbeat()
             try:
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await self._connect()
@@ -89,7 +94,10 @@ class Leadership:
 async def run_when_leader(worker: Worker, leadership: Leadership,
                           on_lost: Callable[[], None]) -> None:
     """Stand by until leader, then run the worker; on a lost lock call on_lost and raise."""
-    acquiring = asyncio.ensure_future(leadership.acquire())
+    def heartbeat() -> None:
+        worker.last_loop_at = time.monotonic()
+
+    acquiring = asyncio.ensure_future(leadership.acquire(heartbeat))
     try:
         while not acquiring.done():
             await asyncio.wait({acquiring}, timeout=0.1)
