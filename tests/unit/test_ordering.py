@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from relay import ordering
 from relay.interfaces import Message, OutboxRow, PublishResult, Settlement
 from relay.options import Properties
+from relay.worker import Worker, WorkerConfig
 
 
 def row(rid: str, key: str | None, attempts: int = 0) -> OutboxRow:
@@ -94,3 +95,18 @@ async def test_waves__a_retried_head_that_now_succeeds_releases_its_run_in_a_sec
     result = await ordering.publish_in_waves(pub, rows, [msg(r.id) for r in rows])
     assert pub.calls == [["a1", "b1", "u1"], ["a2", "a3"]]
     assert sorted(result.confirmed) == ["a1", "a2", "a3", "b1", "u1"]
+
+
+async def test_drain__keeps_claiming_while_short_batches_carry_keyed_rows() -> None:
+    # A keyed claim is capped by keys per batch, so short batches do not mean "empty".
+    from tests.unit.test_worker import FakePublisher, FakeStore
+
+    class KeyCappedStore(FakeStore):
+        def claim(self, limit: int):  # type: ignore[no-untyped-def]
+            return super().claim(min(limit, 2))
+
+    rows = [row(f"r{i}", f"k{i}") for i in range(9)]
+    store, pub = KeyCappedStore(list(rows)), FakePublisher()
+    await Worker(store, pub, WorkerConfig(batch_size=10, concurrency=1)).drain()
+    assert store.rows == []
+    assert pub.published == [r.id for r in rows]
