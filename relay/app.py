@@ -10,13 +10,14 @@ import structlog
 
 from relay.bulkpublish import BulkPublisher
 from relay.http import Health, HttpServer
+from relay.leader import Leadership, run_when_leader
 from relay.listener import Listener
 from relay.metrics import BacklogPoller, RelayMetrics
 from relay.outbox import Outbox, connect, table_names
 from relay.publisher import AmqpPublisher
 from relay.queries import Queries
 from relay.retry import RetryPolicy
-from relay.settings import PublisherKind, Settings, redact_url
+from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings, redact_url
 from relay.worker import Worker, WorkerConfig
 
 log = structlog.get_logger("relay.app")
@@ -26,13 +27,34 @@ def worker_config(settings: Settings) -> WorkerConfig:
     """The worker's knobs from the settings."""
     return WorkerConfig(
         batch_size=settings.batch_size,
-        concurrency=settings.concurrency,
+        # single-active promises one batch at a time, in seq order.
+        concurrency=1 if settings.mode is RelayMode.SINGLE_ACTIVE else settings.concurrency,
         poll_interval_s=settings.poll_interval_s,
         mandatory=settings.mandatory,
         max_message_bytes=settings.max_message_bytes,
         retry=RetryPolicy(settings.max_attempts, settings.retry_base_s, settings.retry_max_s),
         db_retry_max_s=settings.reconnect_max_s,
+        ordering_block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
     )
+
+
+async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox) -> None:
+    """The worker, behind the leader lock in single-active mode."""
+    if settings.mode is not RelayMode.SINGLE_ACTIVE:
+        await worker.run()
+        return
+    queries = Queries(table_names(settings))
+    leadership = Leadership(
+        lambda: connect(settings, "leader"),
+        queries["leader_try_lock"],
+        queries["ping"],
+        poll_interval_s=settings.leader_poll_interval_s,
+        reconnect_max_s=settings.reconnect_max_s,
+    )
+    try:
+        await run_when_leader(worker, leadership, outbox.terminate)
+    finally:
+        await leadership.close()
 
 
 async def run(settings: Settings) -> None:
@@ -70,8 +92,9 @@ async def run(settings: Settings) -> None:
         batch_size=settings.batch_size,
         concurrency=settings.concurrency,
         publisher=settings.publisher.value,
+        mode=settings.mode.value,
     )
-    worker_task = asyncio.ensure_future(worker.run())
+    worker_task = asyncio.ensure_future(_worker_main(settings, worker, outbox))
     listener_task = asyncio.ensure_future(listener.run())
     stop_task = asyncio.ensure_future(stop_requested.wait())
     http: HttpServer | None = None

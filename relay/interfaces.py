@@ -24,6 +24,7 @@ class OutboxRow(NamedTuple):
     options: str | None
     attempts: int
     created_at_s: float | None = None  # epoch seconds (database clock), for the age metric
+    ordering_key: str | None = None
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ import asyncpg
 
 from relay.errors import DatabaseError, SchemaError
 from relay.interfaces import OutboxRow, Settlement
+from relay.ordering import ClaimOptions
 from relay.queries import Queries, TableNames
 from relay.settings import OnSuccess, Settings, redact_url
 
@@ -123,13 +124,46 @@ class _Claim:
             raise DatabaseError(f"settling a batch failed: {exc}") from exc
 
 
+async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
+                        keyed_first: bool = True) -> list[OutboxRow]:
+    """Lock up to `limit` rows, keyed head runs and unkeyed rows; return them in seq order.
+
+    The first kind claimed may fill the batch and the other gets the rest; callers alternate
+    `keyed_first`, so that a deep backlog of one kind cannot starve the other while a table
+    holding one kind only still gets full batches.
+    """
+    records: list[Any] = []
+    if opts.fence:
+        # single-active: one claimer at a time, so plain seq order keeps every key's order.
+        await conn.execute(q["single_active_fence"])
+        records = await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead)
+    for keyed in (keyed_first, not keyed_first) if not opts.fence else ():
+        room = limit - len(records)
+        if room <= 0:
+            break
+        if keyed:
+            records += await conn.fetch(q["claim_keyed"], room, opts.keys_per_batch,
+                                        opts.block_on_dead)
+        else:
+            records += await conn.fetch(q["claim_batch"], room)
+    records.sort(key=lambda r: r["seq"])
+    return [
+        OutboxRow(r["id"], r["exchange"], r["routing_key"], r["content"], r["options"],
+                  r["attempts"], created_at_s=r["created_at_s"], ordering_key=r["ordering_key"])
+        for r in records
+    ]
+
+
 class Outbox:
     """Claims, settles and reports on the outbox table through a small connection pool."""
 
-    def __init__(self, pool: asyncpg.Pool, queries: Queries, on_success: OnSuccess) -> None:
+    def __init__(self, pool: asyncpg.Pool, queries: Queries, on_success: OnSuccess,
+                 claim_options: ClaimOptions | None = None) -> None:
         self._pool = pool
         self.q = queries
         self._on_success = on_success
+        self.claim_options = claim_options or ClaimOptions()
+        self._claims = 0
 
     @classmethod
     async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
@@ -143,7 +177,8 @@ class Outbox:
             where = redact_url(settings.pg_dsn)
             raise DatabaseError(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
         assert pool is not None
-        outbox = cls(pool, Queries(table_names(settings)), settings.on_success)
+        outbox = cls(pool, Queries(table_names(settings)), settings.on_success,
+                     ClaimOptions.from_settings(settings))
         try:
             exists = await pool.fetchval(outbox.q["table_exists"])
         except DB_ERRORS as exc:
@@ -178,12 +213,14 @@ class Outbox:
             tx = conn.transaction()
             try:
                 await tx.start()
-                records = await conn.fetch(self.q["claim_batch"], limit)
+                self._claims += 1
+                records = await claim_records(conn, self.q, self.claim_options, limit,
+                                              keyed_first=self._claims % 2 == 0)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
                 raise DatabaseError(f"claiming rows failed: {exc}") from exc
-            batch = _Claim(conn, self.q, [OutboxRow(*r) for r in records], self._on_success)
+            batch = _Claim(conn, self.q, records, self._on_success)
             try:
                 yield batch
             except BaseException:

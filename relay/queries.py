@@ -50,6 +50,7 @@ class TableNames:
             "relays": self._q("_relays"),
             "notify_fn": self._q("_notify_stmt"),
             "notify_trigger": quote_ident(self.name + "_notify"),
+            "claim_keyed_fn": self._q("_claim_keyed"),
             "migrations": (
                 f"{quote_ident(self.schema)}.relay_migrations"
                 if self.schema

@@ -36,6 +36,20 @@ class NotifyMode(StrEnum):
     OFF = "off"
 
 
+class RelayMode(StrEnum):
+    """parallel: every replica publishes; single-active: one leader publishes, others stand by."""
+
+    PARALLEL = "parallel"
+    SINGLE_ACTIVE = "single-active"
+
+
+class OnDeadKey(StrEnum):
+    """What a dead-lettered row of an ordering key does to the key's later rows."""
+
+    SKIP = "skip"
+    BLOCK = "block"
+
+
 def _env(name: str) -> Any:
     """Accept RELAY_<NAME>_S and the unit-less RELAY_<NAME> spelling of a duration."""
     return AliasChoices(f"RELAY_{name}_S", f"RELAY_{name}")
@@ -154,6 +168,26 @@ class Settings(BaseSettings):
         default=PublisherKind.BULK,
         description="bulk: encode a batch's frames at once, one write, settle from multiple "
         "acks; simple: one aiormq publish (and future) per message.",
+    )
+    mode: RelayMode = Field(
+        default=RelayMode.PARALLEL,
+        description="parallel: all replicas publish; single-active: one leader (advisory lock) "
+        "publishes one batch at a time, the others stand by (docs/ordering.md).",
+    )
+    ordering_on_dead: OnDeadKey = Field(
+        default=OnDeadKey.SKIP,
+        description="A dead-lettered row of an ordering key: skip (later rows of the key go on) "
+        "or block (the key waits until that dead letter is replayed or purged).",
+    )
+    ordering_keys_per_batch: int = Field(
+        default=64, ge=1, le=1000,
+        description="Ordering keys one batch may take (an advisory lock each, held per batch).",
+    )
+    leader_poll_interval_s: Seconds = Field(
+        default=1.0,
+        validation_alias=_env("LEADER_POLL_INTERVAL"),
+        description="Seconds between a standby's tries for the leader lock and between the "
+        "leader's checks of its lock connection (single-active).",
     )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     log_format: str = Field(

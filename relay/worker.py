@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from relay import ordering
 from relay.errors import DatabaseError, InvalidRow
 from relay.interfaces import (
     BatchObserver,
@@ -43,6 +44,7 @@ class WorkerConfig:
         default_factory=lambda: RetryPolicy(max_attempts=10, base_s=1.0, max_s=300.0)
     )
     db_retry_max_s: float = 30.0
+    ordering_block_on_dead: bool = False
 
 
 def _null_field(row: OutboxRow) -> str | None:
@@ -104,6 +106,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.published_total = 0
+        self._last_had_keys = False
         self.last_loop_at = time.monotonic()
 
     def wake(self) -> None:
@@ -189,7 +192,9 @@ class Worker:
                 if self.stopping:
                     return
             claimed = await self.run_batch()
-            if claimed < self.config.batch_size:
+            # A keyed claim is also bounded by the keys per batch, so a short batch with keyed
+            # rows does not mean the backlog is empty: only an empty claim says that.
+            if claimed < self.config.batch_size and not (claimed and self._last_had_keys):
                 if self._wake.is_set() and not self.stopping:
                     # Rows were committed while this batch was in flight: claim them now
                     # instead of waiting for the other lanes to finish (steady-load latency).
@@ -219,11 +224,18 @@ class Worker:
             messages, invalid = build_messages(
                 rows, mandatory=cfg.mandatory, max_message_bytes=cfg.max_message_bytes
             )
+            block = cfg.ordering_block_on_dead
+            messages = ordering.publishable(rows, messages, invalid, block_on_dead=block)
             publish_started = time.perf_counter()
-            result = await self.publisher.publish(messages) if messages else PublishResult()
+            result = (
+                await ordering.publish_in_waves(self.publisher, rows, messages)
+                if messages
+                else PublishResult()
+            )
             publish_s = time.perf_counter() - publish_started if messages else 0.0
             confirmed_at = time.time()
             settlement = plan_settlement(rows, result, invalid, cfg.retry)
+            held = ordering.hold_back(rows, settlement, block_on_dead=block)
             await batch.settle(settlement)
         self.published_total += len(settlement.published)
         self.metrics.observe_batch(
@@ -240,10 +252,13 @@ class Worker:
             retried=len(settlement.retry),
             dead=len(settlement.dead),
             unsent=len(result.unsent),
+            held=held,
             elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
         )
         for row_id, error, delay_s in settlement.retry:
             log.info("publish_failed", id=row_id, error=error, retry_in_s=round(delay_s, 2))
         for row_id, reason, _ in settlement.dead:
             log.warning("dead_lettered", id=row_id, reason=reason)
+        # Read by _lane right after this returns (no await in between, so lanes cannot mix).
+        self._last_had_keys = any(r.ordering_key is not None for r in rows)
         return len(rows)

@@ -39,15 +39,46 @@ DROP TRIGGER IF EXISTS {notify_trigger} ON {table}
 -- ============================================================ relay loop
 
 -- name: claim_batch
--- Due rows in insertion order; rows another relay holds are skipped, not waited for.
+-- Due unkeyed rows in insertion order; rows another relay holds are skipped, not waited for.
+-- Keyed rows are claimed by claim_keyed (per-key order, docs/ordering.md).
 SELECT id::text AS id, exchange, routing_key, content::text AS content,
        options::text AS options, attempts,
-       EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s
+       EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq, NULL::text AS ordering_key
 FROM {table}
-WHERE available_at <= now()
+WHERE available_at <= now() AND ordering_key IS NULL
 ORDER BY seq
 LIMIT $1
 FOR UPDATE SKIP LOCKED
+
+-- name: claim_keyed
+-- The head runs of up to $2 keys, one relay per key at a time (sql/migrations/0004_ordering.sql).
+SELECT id, exchange, routing_key, content, options, attempts, seq, ordering_key, created_at_s
+FROM {claim_keyed_fn}($1, $2, $3)
+
+-- name: claim_single_active
+-- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed
+-- or not, except keyed rows behind an earlier row of their key that is not due (retrying or
+-- delayed) or, with block ($2), whose key has a dead letter.
+SELECT t.id::text AS id, t.exchange, t.routing_key, t.content::text AS content,
+       t.options::text AS options, t.attempts, t.seq, t.ordering_key,
+       EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s
+FROM {table} AS t
+WHERE t.available_at <= now()
+  AND (t.ordering_key IS NULL OR (
+        NOT EXISTS (SELECT 1 FROM {table} AS e
+                    WHERE hashtext(e.ordering_key) = hashtext(t.ordering_key)
+                      AND e.ordering_key = t.ordering_key
+                      AND e.seq < t.seq AND e.available_at > now())
+        AND NOT ($2::boolean AND EXISTS (SELECT 1 FROM {dead} AS d
+                                         WHERE d.ordering_key = t.ordering_key))))
+ORDER BY t.seq
+LIMIT $1
+FOR UPDATE OF t SKIP LOCKED
+
+-- name: single_active_fence
+-- RELAY_MODE=single-active: batches of all relays on this table run one at a time, so a leader
+-- that lost its lock cannot overlap its last batch with the next leader's first.
+SELECT pg_advisory_xact_lock(hashtext('outbox-relay:fence:' || {table_literal}))
 
 -- name: delete_published
 DELETE FROM {table} WHERE id = ANY($1::uuid[])
@@ -94,6 +125,12 @@ SELECT pg_notify({dead_channel_literal}, $1::text)
 SELECT EXTRACT(EPOCH FROM (min(available_at) - now()))::float8
 FROM {table}
 WHERE available_at > now()
+
+-- ============================================================ single-active leader
+
+-- name: leader_try_lock
+-- Session-level: held for as long as the leader's dedicated connection lives.
+SELECT pg_try_advisory_lock(hashtext('outbox-relay:leader:' || {table_literal}))
 
 -- ============================================================ status
 

@@ -1,0 +1,124 @@
+"""Per-key ordering inside one batch: what to publish, in which waves, and what to hold back.
+
+The claim (sql/migrations/0004_ordering.sql) hands a relay the head run of each key it locked;
+this module keeps the run's order through the publish and the settlement. The rule: a row of a
+key is deleted as published only if every earlier row of that key in the batch was published
+too (or, with on_dead=skip, dead-lettered). Later rows of a key whose run broke stay in the
+table untouched, and go out again, in order, after the row that broke the run: a broker that
+refused row k after accepting k+1.. therefore delivers k+1.. once early and once again in
+order (docs/ordering.md says exactly when that happens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from relay.interfaces import Message, OutboxRow, Publisher, PublishResult, Settlement
+
+if TYPE_CHECKING:
+    from relay.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOptions:
+    """How the store claims keyed rows (see relay/settings.py for the knobs)."""
+
+    keys_per_batch: int = 64
+    block_on_dead: bool = False
+    fence: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ClaimOptions:
+        """The claim options of a relay process."""
+        from relay.settings import OnDeadKey, RelayMode
+
+        return cls(
+            keys_per_batch=settings.ordering_keys_per_batch,
+            block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
+            fence=settings.mode is RelayMode.SINGLE_ACTIVE,
+        )
+
+
+def rows_after_breaks(rows: Sequence[OutboxRow], broken: Collection[str]) -> set[str]:
+    """Ids of keyed rows that come after a row in `broken` of the same key (rows in seq order)."""
+    stopped: set[str] = set()
+    after: set[str] = set()
+    for row in rows:
+        key = row.ordering_key
+        if key is None:
+            continue
+        if key in stopped:
+            after.add(row.id)
+        elif row.id in broken:
+            stopped.add(key)
+    return after
+
+
+def publishable(
+    rows: Sequence[OutboxRow], messages: Sequence[Message], invalid: Mapping[str, str],
+    *, block_on_dead: bool,
+) -> list[Message]:
+    """Drop messages that must not go out yet: with block, rows after an invalid row of a key."""
+    if not block_on_dead or not invalid:
+        return list(messages)
+    held = rows_after_breaks(rows, invalid.keys())
+    return [m for m in messages if m.id not in held]
+
+
+def _merge(into: PublishResult, other: PublishResult) -> None:
+    into.confirmed.extend(other.confirmed)
+    into.failed.update(other.failed)
+    into.unsent.extend(other.unsent)
+    into.broker_lost = into.broker_lost or other.broker_lost
+
+
+async def publish_in_waves(
+    publisher: Publisher, rows: Sequence[OutboxRow], messages: Sequence[Message]
+) -> PublishResult:
+    """Publish a batch; a key whose head failed before goes out head first, the rest after.
+
+    A head row with attempts > 0 failed last time and is likely to fail again: publishing it
+    alone first (with every other message) and the rest of its key's run only once it is
+    confirmed means a persistently failing head never lets later rows reach the broker early.
+    """
+    heads: dict[str, OutboxRow] = {}
+    for row in rows:
+        if row.ordering_key is not None and row.ordering_key not in heads:
+            heads[row.ordering_key] = row
+    suspects = {r.id for r in heads.values() if r.attempts > 0}
+    if not suspects:
+        return await publisher.publish(messages)
+    behind = rows_after_breaks(rows, suspects)
+    first = [m for m in messages if m.id not in behind]
+    result = await publisher.publish(first)
+    confirmed = set(result.confirmed)
+    broken = suspects - confirmed
+    hold = rows_after_breaks(rows, broken)
+    second = [m for m in messages if m.id in behind and m.id not in hold]
+    if second:
+        _merge(result, await publisher.publish(second))
+    return result
+
+
+def hold_back(rows: Sequence[OutboxRow], settlement: Settlement, *, block_on_dead: bool) -> int:
+    """Keep rows after a key's first unpublished row out of `published`; return how many.
+
+    A key's run breaks at its first row that was not published (failed, unsent, held, or
+    dead-lettered under block). Confirmed rows after the break stay in the table untouched: they
+    were delivered early and will be delivered again after the row that broke the run.
+    """
+    published = set(settlement.published)
+    dead = {d[0] for d in settlement.dead}
+    broken = {
+        row.id
+        for row in rows
+        if row.ordering_key is not None
+        and row.id not in published
+        and (block_on_dead or row.id not in dead)
+    }
+    held = rows_after_breaks(rows, broken) & published
+    if held:
+        settlement.published = [i for i in settlement.published if i not in held]
+    return len(held)

@@ -1,0 +1,319 @@
+"""Per-key ordering across replicas, failing heads, single-active failover (real relays)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+
+from tests.helpers import Env, RelayProcess, count_rows, wait_until
+
+KEYS = 50
+VALUES_PER_KEY = 600  # 30,000 rows
+PRODUCERS = 5
+
+
+@dataclass
+class OrderedConsumer:
+    """Two consumers on one single-active-consumer queue, manual acks; records (key, v).
+
+    The active one is closed half-way so that the standby consumer takes over: the broker hands
+    the queue, unacked deliveries first, to the next consumer in order.
+    """
+
+    amqp_url: str
+    queue: str
+    received: list[tuple[str, int, str]] = field(default_factory=list)
+    conns: list[Any] = field(default_factory=list)
+
+    async def start(self, exchange: str, routing_key: str) -> OrderedConsumer:
+        for _ in range(2):
+            # Robust: the shared broker may be restarted by other suites; consumers come back.
+            conn = await aio_pika.connect_robust(self.amqp_url)
+            self.conns.append(conn)
+            channel = await conn.channel()
+            await channel.set_qos(prefetch_count=200)
+            queue = await channel.declare_queue(
+                self.queue, durable=True, arguments={"x-single-active-consumer": True}
+            )
+            await queue.bind(exchange, routing_key)
+            await queue.consume(self._on_message)
+        return self
+
+    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        body = json.loads(message.body)
+        self.received.append((body["k"], body["v"], str(message.message_id)))
+        await message.ack()
+
+    async def close_active(self) -> None:
+        """Close the first consumer's connection (the active one: it subscribed first)."""
+        await self.conns[0].close()
+
+    async def stop(self) -> None:
+        for conn in self.conns:
+            if not conn.is_closed:
+                await conn.close()
+        conn = await aio_pika.connect(self.amqp_url)
+        channel = await conn.channel()
+        await channel.queue_delete(self.queue)
+        await conn.close()
+
+    def distinct(self) -> int:
+        return len({m for _, _, m in self.received})
+
+
+def order_violations(received: list[tuple[str, int, str]]) -> list[str]:
+    """Per key, every receipt must be a new highest value or a repeat of one seen before."""
+    seen: dict[str, set[int]] = defaultdict(set)
+    high: dict[str, int] = defaultdict(lambda: -1)
+    problems = []
+    for key, v, _ in received:
+        if v > high[key]:
+            high[key] = v
+        elif v not in seen[key]:
+            problems.append(f"key {key}: {v} arrived after {high[key]}")
+        seen[key].add(v)
+    return problems
+
+
+@pytest.fixture
+async def ordered_consumer(env: Env) -> AsyncIterator[OrderedConsumer]:
+    c = await OrderedConsumer(env.amqp_url, env.queue + "-sac").start(env.exchange, "ord")
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+async def produce(dsn: str, exchange: str, keys: list[str], chunk: int, pause_s: float) -> None:
+    """Write each key's values 0..VALUES_PER_KEY-1 in order, `chunk` per key per transaction."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for start in range(0, VALUES_PER_KEY, chunk):
+            rows = [(k, v) for k in keys for v in range(start, start + chunk)]
+            await conn.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, "
+                "options) SELECT $1, 'ord', jsonb_build_object('k', k, 'v', v), k, "
+                "'{\"persistent\": true}'::jsonb "
+                "FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS r(k, v, i) ORDER BY i",
+                exchange, [k for k, _ in rows], [v for _, v in rows],
+            )
+            await asyncio.sleep(pause_s)
+    finally:
+        await conn.close()
+
+
+async def test_keyed_rows__arrive_in_key_order_with_three_replicas_killed_every_2s(
+    env: Env, ordered_consumer: OrderedConsumer, start_relay: Callable[..., RelayProcess]
+) -> None:
+    replicas = [start_relay(concurrency=3) for _ in range(3)]
+    keys = [f"order-{i}" for i in range(KEYS)]
+    producers = [
+        asyncio.ensure_future(
+            produce(env.pg_dsn, env.exchange, keys[i::PRODUCERS], chunk=20, pause_s=0.25)
+        )
+        for i in range(PRODUCERS)
+    ]
+    total = KEYS * VALUES_PER_KEY
+    kills = 0
+    switched = False
+    deadline = time.monotonic() + 100
+    rng = random.Random(8)
+    while ordered_consumer.distinct() < total or not all(p.done() for p in producers):
+        assert time.monotonic() < deadline, f"only {ordered_consumer.distinct()}/{total} arrived"
+        await asyncio.sleep(2.0)
+        if ordered_consumer.distinct() >= total:
+            break
+        victim = rng.randrange(3)
+        replicas[victim].kill()
+        replicas[victim] = start_relay(concurrency=3)
+        kills += 1
+        if not switched and ordered_consumer.distinct() > total // 2:
+            await ordered_consumer.close_active()
+            switched = True
+    await asyncio.gather(*producers)
+    await wait_until(lambda: _drained(env),
+                     timeout_s=30, what="an empty outbox")
+
+    assert kills >= 3
+    assert order_violations(ordered_consumer.received) == []
+    by_key: dict[str, set[int]] = defaultdict(set)
+    for key, v, _ in ordered_consumer.received:
+        by_key[key].add(v)
+    assert {k: len(v) for k, v in by_key.items()} == dict.fromkeys(keys, VALUES_PER_KEY)
+    duplicates = len(ordered_consumer.received) - total
+    print(f"kills={kills} duplicates={duplicates} consumer_switched={switched}")
+
+
+async def _drained(env: Env) -> bool:
+    return await count_rows(env.pg_dsn) == 0
+
+
+async def _insert(dsn: str, rows: list[tuple[str, str, str | None]], exchange: str) -> None:
+    """Insert (routing_key, label, key) rows in order; label goes into the body as `v`."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for rk, label, key in rows:
+            await conn.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+                "VALUES ($1, $2, jsonb_build_object('k', $3::text, 'v', $4::text), $3)",
+                exchange, rk, key, label,
+            )
+    finally:
+        await conn.close()
+
+
+async def _fetch(dsn: str, sql: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def _failing_head_setup(env: Env, consumer: Any) -> tuple[str, list[str]]:
+    """A1 goes to a missing exchange and fails once; then A2..A4, B1..B3 and U1 are written."""
+    await _insert(env.pg_dsn, [("rk", "A1", "A")], "no-such-exchange-" + env.queue)
+    await wait_until(
+        lambda: _fetch(env.pg_dsn, "SELECT max(attempts) FROM queue_message"),
+        what="A1's first failure",
+    )
+    rows = [("rk", f"A{i}", "A") for i in (2, 3, 4)] + [("rk", f"B{i}", "B") for i in (1, 2, 3)]
+    for row in rows:
+        await _insert(env.pg_dsn, [row], env.exchange)
+    await _insert(env.pg_dsn, [("rk", "U1", None)], env.exchange)
+    await consumer.wait_for(4)
+    labels = [json.loads(m.body)["v"] for m in consumer.messages]
+    return "A1", labels
+
+
+async def test_failing_head_row__holds_back_its_key_and_not_others(
+    env: Env, consumer: Any, start_relay: Callable[..., RelayProcess]
+) -> None:
+    start_relay(max_attempts=4, retry_base_s=1.0)
+    _, labels = await _failing_head_setup(env, consumer)
+    # B and the unkeyed row flowed while A1 was still retrying, and nothing of A did.
+    assert await _fetch(env.pg_dsn, "SELECT count(*) FROM queue_message_dead") == 0
+    assert sorted(labels) == ["B1", "B2", "B3", "U1"]
+    assert [x for x in labels if x.startswith("B")] == ["B1", "B2", "B3"]
+    # ordering_on_dead=skip (the default): once A1 is dead-lettered, A2..A4 follow in order.
+    await consumer.wait_for(7, timeout_s=40)
+    labels = [json.loads(m.body)["v"] for m in consumer.messages]
+    assert [x for x in labels if x.startswith("A")] == ["A2", "A3", "A4"]
+    assert await _fetch(env.pg_dsn, "SELECT count(*) FROM queue_message_dead") == 1
+
+
+async def test_dead_head_with_block__holds_its_key_until_the_dead_letter_is_removed(
+    env: Env, consumer: Any, start_relay: Callable[..., RelayProcess]
+) -> None:
+    start_relay(max_attempts=2, retry_base_s=0.5, ordering_on_dead="block")
+    await _failing_head_setup(env, consumer)
+    await wait_until(
+        lambda: _fetch(env.pg_dsn, "SELECT count(*) = 1 FROM queue_message_dead"),
+        timeout_s=20, what="A1 dead-lettered",
+    )
+    # Rows written after the dead letter still flow for other keys, and A stays blocked.
+    await _insert(env.pg_dsn, [("rk", "B4", "B")], env.exchange)
+    await consumer.wait_for(5)
+    labels = [json.loads(m.body)["v"] for m in consumer.messages]
+    assert not [x for x in labels if x.startswith("A")]
+    left = "SELECT count(*) FROM queue_message WHERE ordering_key = 'A'"
+    assert await _fetch(env.pg_dsn, left) == 3
+    # The operator handles A1 (here: purges it); the key resumes, in order.
+    await _fetch(env.pg_dsn, "DELETE FROM queue_message_dead RETURNING 1")
+    await _insert(env.pg_dsn, [("rk", "U2", None)], env.exchange)  # a wake-up
+    await consumer.wait_for(9, timeout_s=20)
+    labels = [json.loads(m.body)["v"] for m in consumer.messages]
+    assert [x for x in labels if x.startswith("A")] == ["A2", "A3", "A4"]
+
+
+async def _elected_at(relay: RelayProcess) -> float | None:
+    for event in relay.log_events():
+        if event.get("event") == "leader_elected":
+            from datetime import datetime
+
+            return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+    return None
+
+
+async def test_single_active__standby_takes_over_within_the_bound_and_loses_nothing(
+    env: Env, consumer: Any, start_relay: Callable[..., RelayProcess]
+) -> None:
+    poll_s = 0.5
+    relays = [start_relay(mode="single-active", leader_poll_interval_s=poll_s) for _ in range(2)]
+    await wait_until(
+        lambda: any(r.log_text().count("leader_elected") for r in relays), what="a leader"
+    )
+    await asyncio.sleep(poll_s * 3)  # let the other one reach its standby loop
+    leaders = [r for r in relays if "leader_elected" in r.log_text()]
+    assert len(leaders) == 1
+    leader, standby = leaders[0], next(r for r in relays if r is not leaders[0])
+    assert "standing_by" in standby.log_text()
+
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        async def write(start: int, n: int) -> None:
+            await conn.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+                "SELECT $1, 'rk', jsonb_build_object('n', g), "
+                "       CASE WHEN g % 3 > 0 THEN 'k' || (g % 7) END "  # keyed and unkeyed
+                "FROM generate_series($2::int, $3) g ORDER BY g",
+                env.exchange, start, start + n - 1,
+            )
+
+        await write(0, 2000)
+        await consumer.wait_for(1)
+        leader.kill()
+        killed_at = time.time()
+        await write(2000, 2000)
+        await wait_until(lambda: "leader_elected" in standby.log_text(), timeout_s=15,
+                         what="the standby's takeover")
+        takeover_s = (await _elected_at(standby) or 0) - killed_at
+        await consumer.wait_for(4000, timeout_s=40)
+    finally:
+        await conn.close()
+    assert takeover_s < poll_s + 2.0, takeover_s
+    numbers = [b["n"] for b in consumer.bodies()]
+    assert set(numbers) == set(range(4000))
+    # One batch at a time in seq order: first receipts of each number are increasing.
+    firsts: list[int] = []
+    seen: set[int] = set()
+    for n in numbers:
+        if n not in seen:
+            seen.add(n)
+            firsts.append(n)
+    assert firsts == sorted(firsts)
+    print(f"takeover_s={takeover_s:.2f} duplicates={len(numbers) - 4000}")
+
+
+async def test_single_active__a_leader_that_loses_its_lock_connection_exits_and_is_replaced(
+    env: Env, consumer: Any, start_relay: Callable[..., RelayProcess]
+) -> None:
+    poll_s = 0.5
+    first = start_relay(mode="single-active", leader_poll_interval_s=poll_s)
+    await wait_until(lambda: "leader_elected" in first.log_text(), what="a leader")
+    second = start_relay(mode="single-active", leader_poll_interval_s=poll_s)
+    await wait_until(lambda: "standing_by" in second.log_text(), what="a standby")
+    await _fetch(
+        env.pg_dsn,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name LIKE $1",
+        f"outbox-relay leader % {first.pid}",
+    )
+    await wait_until(lambda: not first.alive(), timeout_s=10, what="the old leader's exit")
+    assert first.proc is not None
+    assert first.proc.returncode != 0
+    assert "leadership_lost" in first.log_text()
+    await wait_until(lambda: "leader_elected" in second.log_text(), timeout_s=10,
+                     what="the standby's takeover")
+    await _insert(env.pg_dsn, [("rk", "after", None)], env.exchange)
+    await consumer.wait_for(1)
