@@ -124,9 +124,15 @@ class BulkPublisher(AmqpPublisher):
         return self._confirm
 
     async def publish(self, messages: Sequence[Message]) -> PublishResult:
-        """Publish a batch; settle every message as confirmed, failed or unsent."""
+        """Publish a batch; settle every message as confirmed, failed or unsent.
+
+        After the broker closes the channel under a batch (a row it refuses at the protocol
+        level), the unconfirmed rest is sent again one message per write on a fresh channel,
+        so that only the offending row fails and the others are delivered.
+        """
         result = PublishResult()
-        pending = list(messages)
+        pending = self._refuse_foreign_user_ids(messages, result)
+        isolate = False
         for _ in range(_PASSES):
             if not pending or not self.connected:
                 break
@@ -145,19 +151,43 @@ class BulkPublisher(AmqpPublisher):
                     result.failed[m.id] = f"exchange {m.exchange!r} not found"
                 else:
                     sendable.append(m)
-            pending = await self._send(channel, sendable, result)
+            if isolate:
+                pending = await self._send_isolated(sendable, result)
+            else:
+                pending = await self._send(channel, sendable, result)
             if pending:
-                # The channel closed under the batch (e.g. an exchange deleted since it was
-                # checked): everything unconfirmed on it is sent again after a fresh check.
+                # The channel closed under the batch: everything unconfirmed on it is sent
+                # again after a fresh exchange check, one message per write.
                 self.exchanges.forget()
+                isolate = self.connected and not self.blocked
         if pending:
             result.unsent.extend(m.id for m in pending)
-            result.broker_lost = True
+            result.broker_lost = not self.connected
         if result.unsent:
             # Unsent rows are published again later: say so, since each is a possible duplicate.
             log.warning("batch_unsent", count=len(result.unsent), connected=self.connected,
                         blocked=self.blocked)
         return result
+
+    async def _send_isolated(
+        self, messages: list[Message], result: PublishResult
+    ) -> list[Message]:
+        """One message per write; a message whose write closes the channel alone fails."""
+        for index, m in enumerate(messages):
+            async with self._lock:
+                channel = await self._usable_channel()
+            if channel is None:
+                return messages[index:]
+            lost = await self._send(channel, [m], result)
+            if not lost:
+                continue
+            if not self.connected or self.blocked:
+                return messages[index:]
+            result.failed[m.id] = (
+                "channel closed by the broker when this message was published "
+                f"(exchange {m.exchange!r}, key {m.routing_key!r})"
+            )
+        return []
 
     async def _wait_unblocked(self, deadline: float) -> bool:
         loop = asyncio.get_running_loop()
