@@ -206,7 +206,8 @@ class Worker:
         # of which would come back empty (this matters when sweeps come every few ms).
         if self.publisher.ready:
             claimed = await self.run_batch()
-            if claimed < self.config.batch_size and not (claimed and self._last_had_keys):
+            short = claimed < self.config.batch_size and not (claimed and self._last_had_keys)
+            if short and not self._wake.is_set():
                 return
         lanes = [asyncio.ensure_future(self._lane()) for _ in range(self.config.concurrency)]
         try:
