@@ -18,6 +18,7 @@ from relay.publisher import AmqpPublisher
 from relay.queries import Queries
 from relay.retry import RetryPolicy
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings, redact_url
+from relay.wakeup import AdaptivePoll, LockGate
 from relay.worker import Worker, WorkerConfig
 
 log = structlog.get_logger("relay.app")
@@ -73,6 +74,14 @@ async def run(settings: Settings) -> None:
         raise
     metrics = RelayMetrics() if settings.http_port else None
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics)
+    worker.gate = gate = LockGate(
+        lambda: connect(settings, "wakeup"),
+        Queries(table_names(settings)),
+        worker.wake,
+        poll=AdaptivePoll(settings.poll_min_interval_s, settings.poll_interval_s),
+        fallback_poll_s=min(1.0, settings.poll_interval_s),
+        awake_poll_s=settings.awake_poll_interval_s,
+    )
     listener = Listener(
         lambda: connect(settings, "listener"),
         settings.notify_channel,
@@ -127,7 +136,7 @@ async def run(settings: Settings) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await listener.close()
+        await asyncio.gather(listener.close(), gate.close())
         await publisher.close()
         await outbox.close()
         log.info("relay_stopped", published=worker.published_total)

@@ -43,6 +43,10 @@ async def migrate(conn: asyncpg.Connection, names: TableNames, notify: NotifyMod
                 applied_now.append(version)
                 log.info("migration_applied", version=version, table=target)
             await conn.execute(q[f"install_trigger_{notify.value}"])
+            if notify is not NotifyMode.OFF:
+                await conn.execute(q["mark_notify_mode"].replace("{notify_mode}", notify.value))
+            # Relays follow the installed mode: wake them (at commit) so they re-read it.
+            await conn.execute(q["announce_notify_mode"])
     except DB_ERRORS as exc:
         raise DatabaseError(f"migration failed: {exc}") from exc
     return applied_now

@@ -15,6 +15,10 @@ from pathlib import Path
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
+# First key of the two-key advisory lock a relay holds while asleep (the second key is the
+# outbox table's oid), in conditional notify mode: "RELY" in ASCII.
+WAKEUP_LOCK_CLASS = 0x52454C59
+
 
 def sql_dir() -> Path:
     """The folder of SQL files: sql/ in a checkout, relay/sql when installed as a wheel."""
@@ -62,6 +66,7 @@ class TableNames:
             "channel": self.channel,
             "channel_literal": "'" + self.channel + "'",
             "dead_channel_literal": "'" + self.name + "_dead'",
+            "wakeup_lock_class": str(WAKEUP_LOCK_CLASS),
         }
 
     def render(self, sql: str) -> str:

@@ -132,8 +132,21 @@ class Settings(BaseSettings):
         description="delete: remove published rows; archive: move them to <table>_archive.",
     )
     notify: NotifyMode = Field(
-        default=NotifyMode.ALWAYS,
-        description="Trigger mode installed by migrate: always, conditional, off (polling).",
+        default=NotifyMode.CONDITIONAL,
+        description="Trigger mode installed by migrate: conditional (notify only while a "
+        "relay sleeps), always, off (polling). Running relays follow the installed mode.",
+    )
+    awake_poll_interval_s: Seconds = Field(
+        default=0.002,
+        validation_alias=_env("AWAKE_POLL_INTERVAL"),
+        description="Seconds between sweeps in notify mode conditional while sweeps find "
+        "rows: the relay stays awake, so producers skip the NOTIFY.",
+    )
+    poll_min_interval_s: Seconds = Field(
+        default=0.05,
+        validation_alias=_env("POLL_MIN_INTERVAL"),
+        description="Seconds between sweeps in notify mode off while sweeps find rows; "
+        "doubles up to the poll interval while they find none.",
     )
     shutdown_timeout_s: Seconds = Field(
         default=20.0,

@@ -27,6 +27,7 @@ from relay.interfaces import (
 )
 from relay.options import parse_options
 from relay.retry import RetryPolicy, plan_settlement
+from relay.wakeup import AlwaysNotified, WakeupGate
 
 log = structlog.get_logger("relay.worker")
 
@@ -98,11 +99,17 @@ class Worker:
         config: WorkerConfig,
         *,
         metrics: BatchObserver | None = None,
+        gate: WakeupGate | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
         self.config = config
         self.metrics: BatchObserver = metrics or NoMetrics()
+        self.gate: WakeupGate = gate or AlwaysNotified()
+        self.claimed_total = 0
+        self._claimed_at_sleep = 0
+        self._db_delay = 0.2
+        self._db_outage = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.published_total = 0
@@ -126,38 +133,56 @@ class Worker:
     async def run(self) -> None:
         """Sweep at once, then drain on every wake-up until stop()."""
         self._wake.set()
-        db_delay = 0.2
-        db_outage = False
         while not self.stopping:
-            timeout = await self._sleep_budget_s()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            await self._sleep()
             self.last_loop_at = time.monotonic()
             self.metrics.loop_woke()
             if self.stopping:
                 break
             self._wake.clear()
-            try:
-                await self.drain()
-            except DatabaseError as exc:
-                if not db_outage:
-                    log.warning("database_unavailable", error=str(exc))
-                    db_outage = True
-                await self._pause(random.uniform(db_delay / 2, db_delay))
-                db_delay = min(db_delay * 2, self.config.db_retry_max_s)
-                self._wake.set()
-                continue
-            except Exception as exc:
-                # An unexpected error (a bug, a driver surprise) rolls its batch back; the
-                # relay backs off and goes on rather than stopping the line for everyone.
-                log.error("drain_failed", error=repr(exc), exc_info=True)
-                await self._pause(random.uniform(db_delay / 2, db_delay))
-                db_delay = min(db_delay * 2, self.config.db_retry_max_s)
-                self._wake.set()
-                continue
-            if db_outage:
-                log.info("database_reconnected")
-            db_outage, db_delay = False, 0.2
+            await self._sweep()
+
+    async def _sleep(self) -> None:
+        """Wait for a wake-up, the poll interval or the next due row; the gate decides
+        whether producers notify meanwhile (relay/wakeup.py)."""
+        found_rows = self.claimed_total > self._claimed_at_sleep
+        self._claimed_at_sleep = self.claimed_total
+        timeout = await self._sleep_budget_s()
+        if timeout > 0 and await self.gate.prepare_sleep(self._wake, found_rows):
+            # Producers that saw this relay awake skipped the NOTIFY; the gate waited until
+            # they all ended, so one more sweep finds their rows before the relay sleeps.
+            await self._sweep()
+            timeout = await self._sleep_budget_s()
+        cap = self.gate.sleep_cap_s()
+        if cap is not None:
+            timeout = min(timeout, cap)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+        await self.gate.mark_awake()
+
+    async def _sweep(self) -> None:
+        """Drain once; on a database error back off (capped, jittered) and ask for another."""
+        try:
+            await self.drain()
+        except DatabaseError as exc:
+            if not self._db_outage:
+                log.warning("database_unavailable", error=str(exc))
+                self._db_outage = True
+            await self._pause(random.uniform(self._db_delay / 2, self._db_delay))
+            self._db_delay = min(self._db_delay * 2, self.config.db_retry_max_s)
+            self._wake.set()
+            return
+        except Exception as exc:
+            # An unexpected error (a bug, a driver surprise) rolls its batch back; the
+            # relay backs off and goes on rather than stopping the line for everyone.
+            log.error("drain_failed", error=repr(exc), exc_info=True)
+            await self._pause(random.uniform(self._db_delay / 2, self._db_delay))
+            self._db_delay = min(self._db_delay * 2, self.config.db_retry_max_s)
+            self._wake.set()
+            return
+        if self._db_outage:
+            log.info("database_reconnected")
+        self._db_outage, self._db_delay = False, 0.2
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -177,6 +202,13 @@ class Worker:
 
     async def drain(self) -> None:
         """Run `concurrency` lanes until none finds a full batch of due rows."""
+        # A trickle fits one batch: claim it alone rather than with `concurrency` claims, two
+        # of which would come back empty (this matters when sweeps come every few ms).
+        if self.publisher.ready:
+            claimed = await self.run_batch()
+            short = claimed < self.config.batch_size and not (claimed and self._last_had_keys)
+            if short and not self._wake.is_set():
+                return
         lanes = [asyncio.ensure_future(self._lane()) for _ in range(self.config.concurrency)]
         try:
             await asyncio.gather(*lanes)
@@ -219,6 +251,7 @@ class Worker:
         cfg = self.config
         async with self.store.claim(cfg.batch_size) as batch:
             rows = batch.rows
+            self.claimed_total += len(rows)
             if not rows:
                 return 0
             messages, invalid = build_messages(

@@ -36,6 +36,68 @@ CREATE TRIGGER {notify_trigger} AFTER INSERT ON {table}
 -- name: install_trigger_off
 DROP TRIGGER IF EXISTS {notify_trigger} ON {table}
 
+-- name: install_trigger_conditional
+-- Notifies only while some relay is asleep (or about to be), which it shows by holding, or
+-- waiting for, the wake-up lock in exclusive mode (relay/wakeup.py, docs/notify.md). When the
+-- shared try-lock succeeds, no relay sleeps: the producer skips the NOTIFY (and its global
+-- commit lock) and keeps the shared lock until it commits, so a relay about to sleep first
+-- waits for this transaction to end and then sweeps once more, which finds its rows.
+CREATE OR REPLACE FUNCTION {notify_fn}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock_shared({wakeup_lock_class}, TG_RELID::int) THEN
+        PERFORM pg_notify({channel_literal}, '');
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+DROP TRIGGER IF EXISTS {notify_trigger} ON {table};
+CREATE TRIGGER {notify_trigger} AFTER INSERT ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {notify_fn}()
+
+-- name: mark_notify_mode
+-- Records the installed mode on the trigger, where running relays read it (notify_mode).
+COMMENT ON TRIGGER {notify_trigger} ON {table} IS 'outbox-relay notify mode: {notify_mode}'
+
+-- name: announce_notify_mode
+-- Sent by `relay migrate` with the trigger change: running relays wake up and re-read the mode.
+SELECT pg_notify({channel_literal}, 'notify-mode')
+
+-- name: notify_mode
+-- The mode installed on the table: the trigger's comment; a trigger without one predates the
+-- comment and notifies always; no trigger means polling only.
+SELECT COALESCE(
+    (SELECT COALESCE(substring(obj_description(t.oid, 'pg_trigger')
+                               FROM 'notify mode: (\w+)'), 'always')
+     FROM pg_trigger t
+     WHERE t.tgrelid = {table_literal}::regclass AND t.tgname = '{name}_notify'),
+    'off')
+
+-- name: wakeup_prepare_sleep
+-- One round trip before a relay sleeps: the installed mode and, in conditional mode, the
+-- wake-up lock in exclusive mode. The lock waits for every producer that holds it shared
+-- (it saw no relay asleep and did not notify); CASE evaluates the lock call only when needed.
+SELECT m.mode,
+       CASE WHEN m.mode = 'conditional'
+            THEN pg_advisory_lock({wakeup_lock_class}, {table_literal}::regclass::oid::int)
+                 IS NOT NULL
+            ELSE false END AS locked
+FROM (SELECT COALESCE(
+          (SELECT COALESCE(substring(obj_description(t.oid, 'pg_trigger')
+                                     FROM 'notify mode: (\w+)'), 'always')
+           FROM pg_trigger t
+           WHERE t.tgrelid = {table_literal}::regclass AND t.tgname = '{name}_notify'),
+          'off') AS mode) AS m
+
+-- name: wakeup_release
+SELECT pg_advisory_unlock_all()
+
+-- name: wakeup_sleepers
+-- Relays asleep on this table right now (holding the wake-up lock), for tests and operators.
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
+  AND objid = {table_literal}::regclass::oid AND objsubid = 2
+  AND mode = 'ExclusiveLock' AND granted
+
 -- ============================================================ relay loop
 
 -- name: claim_batch
