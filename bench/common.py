@@ -23,8 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
-from relay.migrate import migrate
-from relay.queries import TableNames
+from relay.pg.migrate import migrate
+from relay.pg.queries import TableNames
 from relay.settings import NotifyMode
 
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

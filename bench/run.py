@@ -262,7 +262,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Ceilings and baseline (same run)", "", "| path | msg/s |", "|---|---|"]
     names = {"classic_relay": "classic per-row relay (1 tx + 1 confirm channel per row)",
              "aio_pika_pipelined": "aio-pika, confirms pipelined (1,000 in flight)",
-             "bulk_frames": "bulk frames (relay/bulkpublish.py, 3 × 500 in flight, no DB)",
+             "bulk_frames": "bulk frames (relay/amqp/bulk.py, 3 × 500 in flight, no DB)",
              "pg_claim_delete": "PostgreSQL DELETE … FOR UPDATE SKIP LOCKED, 3 × 500"}
     lines += [f"| {names[k]} | {_range(val)} |" for k, val in s["limits"].items()]
     lines += ["", "## Latency, producer commit → consumer receipt (ms)", "",

@@ -8,18 +8,18 @@ import signal
 
 import structlog
 
-from relay.bulkpublish import BulkPublisher
-from relay.http import Health, HttpServer
-from relay.leader import Leadership, run_when_leader
-from relay.listener import Listener
-from relay.metrics import BacklogPoller, RelayMetrics
-from relay.outbox import Outbox, connect, table_names
-from relay.publisher import AmqpPublisher
-from relay.queries import Queries
-from relay.retry import RetryPolicy
+from relay.amqp.bulk import BulkPublisher
+from relay.amqp.publisher import AmqpPublisher
+from relay.loop.leader import Leadership, run_when_leader
+from relay.loop.retry import RetryPolicy
+from relay.loop.worker import Worker, WorkerConfig
+from relay.ops.http import Health, HttpServer
+from relay.ops.metrics import BacklogPoller, RelayMetrics
+from relay.pg.listener import Listener
+from relay.pg.queries import Queries
+from relay.pg.store import Outbox, connect, table_names
+from relay.pg.wakeup import AdaptivePoll, LockGate
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings, redact_url
-from relay.wakeup import AdaptivePoll, LockGate
-from relay.worker import Worker, WorkerConfig
 
 log = structlog.get_logger("relay.app")
 
@@ -146,7 +146,7 @@ def stall_after_s(settings: Settings) -> float:
     """Seconds without loop activity after which /healthz fails.
 
     A batch may legitimately take a claim query, a publish timeout and a settle query (each
-    query bounded by the command timeout of relay/outbox.py), and an idle loop wakes at least
+    query bounded by the command timeout of relay/pg/store.py), and an idle loop wakes at least
     every poll interval; the bound sits well above the sum so a slow batch is not a restart.
     """
     command_timeout_s = max(30.0, settings.publish_timeout_s * 2)

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from relay import logs
 from relay.errors import RelayError
+from relay.ops import logs
 from relay.settings import Settings
 
 EXIT_OK = 0
@@ -88,15 +88,15 @@ def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply the schema."""
-    from relay.migrate import migrate
-    from relay.outbox import connect, table_names
+    from relay.pg.migrate import migrate
+    from relay.pg.store import connect, table_names
 
     async def main() -> int:
         conn = await connect(settings, "migrate")
         try:
             applied = await migrate(conn, table_names(settings), settings.notify)
             if args.roles:
-                from relay.roles import apply_roles
+                from relay.pg.roles import apply_roles
 
                 await apply_roles(conn, table_names(settings), args.producer_role,
                                   args.relay_role)
@@ -135,7 +135,7 @@ def _human(seconds: float | None) -> str:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Print the backlog."""
-    from relay.outbox import Outbox
+    from relay.pg.store import Outbox
 
     async def main() -> int:
         outbox = await Outbox.open(settings, size=1)
@@ -169,7 +169,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     """Print messages arriving on an exchange."""
-    from relay.tail import tail
+    from relay.amqp.tail import tail
 
     async def main() -> int:
         await tail(settings.amqp_url, args.exchange, args.binding_key, args.count)
@@ -183,9 +183,9 @@ def _with_dead_letters(
     work: Callable[[Any], Coroutine[Any, Any, int]],
 ) -> int:
     """Run `work(DeadLetters)` over one connection (dead letters and retention commands)."""
-    from relay.deadletters import DeadLetters
-    from relay.outbox import connect, table_names
-    from relay.queries import Queries
+    from relay.pg.deadletters import DeadLetters
+    from relay.pg.queries import Queries
+    from relay.pg.store import connect, table_names
 
     async def main() -> int:
         conn = await connect(settings, "cli")
@@ -232,7 +232,7 @@ def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], width: 
 
 def cmd_dead(args: argparse.Namespace, settings: Settings) -> int:
     """`relay dead list|show|replay|purge`."""
-    from relay.deadletters import UsageError, parse_duration_s
+    from relay.pg.deadletters import UsageError, parse_duration_s
 
     async def work(dl: Any) -> int:
         if args.action == "list":
@@ -270,7 +270,7 @@ def cmd_dead(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
     """`relay prune --older-than 7d`: delete old archived rows in bounded batches."""
-    from relay.deadletters import parse_duration_s
+    from relay.pg.deadletters import parse_duration_s
 
     older = parse_duration_s(args.older_than)
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from relay.options import Properties
+
+if TYPE_CHECKING:
+    from relay.settings import Settings
 
 
 class OutboxRow(NamedTuple):
@@ -134,3 +137,23 @@ class NoMetrics:
 
     def loop_woke(self) -> None:
         """Do nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOptions:
+    """How the store claims keyed rows (see relay/settings.py for the knobs)."""
+
+    keys_per_batch: int = 64
+    block_on_dead: bool = False
+    fence: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ClaimOptions:
+        """The claim options of a relay process."""
+        from relay.settings import OnDeadKey, RelayMode
+
+        return cls(
+            keys_per_batch=settings.ordering_keys_per_batch,
+            block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
+            fence=settings.mode is RelayMode.SINGLE_ACTIVE,
+        )

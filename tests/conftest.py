@@ -11,8 +11,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from relay.migrate import migrate
-from relay.queries import TableNames
+from relay.pg.migrate import migrate
+from relay.pg.queries import TableNames
 from relay.settings import NotifyMode
 from tests import services
 from tests.helpers import Consumer, Env, RelayProcess, with_database

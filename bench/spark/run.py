@@ -25,8 +25,8 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from relay.migrate import migrate
-from relay.queries import TableNames
+from relay.pg.migrate import migrate
+from relay.pg.queries import TableNames
 from relay.settings import NotifyMode
 from relay.spark import outbox_id, session, write_outbox
 from relay.spark.dsn import jdbc_target

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from relay.queries import TableNames, quote_ident, raw_queries
+from relay.pg.queries import TableNames, quote_ident, raw_queries
 
 
 def quote_literal(text: str) -> str:

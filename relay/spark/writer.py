@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relay.errors import DatabaseError, RelayError, SchemaError
-from relay.queries import TableNames, quote_ident
+from relay.pg.queries import TableNames, quote_ident
 from relay.settings import redact_url
 from relay.spark.config import load_settings
 from relay.spark.copy import CopyPartition

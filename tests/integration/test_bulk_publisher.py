@@ -12,7 +12,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from relay.bulkpublish import BulkPublisher
+from relay.amqp.bulk import BulkPublisher
 from relay.interfaces import Message
 from relay.options import Properties
 from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until

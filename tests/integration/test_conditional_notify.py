@@ -22,8 +22,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from relay.migrate import migrate
-from relay.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
+from relay.pg.migrate import migrate
+from relay.pg.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
 from relay.settings import NotifyMode
 from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, wait_until
 

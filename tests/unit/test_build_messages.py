@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from relay.interfaces import OutboxRow
-from relay.worker import build_messages
+from relay.loop.worker import build_messages
 
 
 def _row(**kw: object) -> OutboxRow:

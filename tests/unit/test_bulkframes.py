@@ -9,10 +9,10 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from relay.bulkframes import ACKED, NACKED, PENDING, ConfirmTracker, FrameEncoder
+from relay.amqp.frames import ACKED, NACKED, PENDING, ConfirmTracker, FrameEncoder
+from relay.amqp.publisher import amqp_properties
 from relay.interfaces import Message
 from relay.options import Properties
-from relay.publisher import amqp_properties
 
 
 def _reference(m: Message, channel: int, frame_max: int) -> bytes:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from relay.bulkframes import ACKED, NACKED, ConfirmTracker, FrameEncoder
-from relay.bulkpublish import BulkPublisher, _ConfirmChannel
+from relay.amqp.bulk import BulkPublisher, _ConfirmChannel
+from relay.amqp.frames import ACKED, NACKED, ConfirmTracker, FrameEncoder
+from relay.amqp.publisher import amqp_properties
 from relay.interfaces import Message, PublishResult
 from relay.options import Properties
-from relay.publisher import amqp_properties
 
 
 def _fakes(timeout_s: float) -> tuple[BulkPublisher, _ConfirmChannel, asyncio.Event]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.deadletters import UsageError, check_ids, parse_duration_s
+from relay.pg.deadletters import UsageError, check_ids, parse_duration_s
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from relay.metrics import RelayMetrics
+from relay.ops.metrics import RelayMetrics
 from relay.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.http import Health, HttpServer, probe_body
 from relay.interfaces import OutboxRow, PublishResult, Settlement
-from relay.metrics import BacklogPoller, BacklogSnapshot, RelayMetrics, classify_reason
+from relay.ops.http import Health, HttpServer, probe_body
+from relay.ops.metrics import BacklogPoller, BacklogSnapshot, RelayMetrics, classify_reason
 
 
 def row(i: int, exchange: str = "orders", created_at_s: float | None = 100.0) -> OutboxRow:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from relay import ordering
 from relay.interfaces import Message, OutboxRow, PublishResult, Settlement
+from relay.loop import ordering
+from relay.loop.worker import Worker, WorkerConfig
 from relay.options import Properties
-from relay.worker import Worker, WorkerConfig
 
 
 def row(rid: str, key: str | None, attempts: int = 0) -> OutboxRow:

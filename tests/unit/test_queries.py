@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.queries import Queries, TableNames, parse, raw_queries
+from relay.pg.queries import Queries, TableNames, parse, raw_queries
 
 
 def test_parse__splits_named_statements() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from relay.interfaces import OutboxRow, PublishResult
-from relay.retry import RetryPolicy, plan_settlement
-from relay.worker import build_messages
+from relay.loop.retry import RetryPolicy, plan_settlement
+from relay.loop.worker import build_messages
 
 POLICY = RetryPolicy(max_attempts=3, base_s=1.0, max_s=10.0)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.queries import TableNames
+from relay.pg.queries import TableNames
 from relay.spark import JdbcDriverNotFound, jdbc_jar, key_of, python_outbox_id
 from relay.spark import runtime as session_module
 from relay.spark.dsn import jdbc_target

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from relay.pg.wakeup import AdaptivePoll, AlwaysNotified
 from relay.settings import NotifyMode, Settings
-from relay.wakeup import AdaptivePoll, AlwaysNotified
 
 
 def test_adaptive_poll__shortens_to_minimum_while_sweeps_find_rows() -> None:

@@ -1,5 +1,5 @@
 """Steady load: rows committed while a batch is in flight are claimed by the lane that
-finishes, without waiting for the drain to end (relay/worker.py `_lane`)."""
+finishes, without waiting for the drain to end (relay/loop/worker.py `_lane`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 
 from relay.interfaces import Message, PublishResult
-from relay.worker import Worker, WorkerConfig
+from relay.loop.worker import Worker, WorkerConfig
 from tests.unit.test_worker import FakeStore, rows
 
 

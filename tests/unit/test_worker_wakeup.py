@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from relay.interfaces import Message, OutboxRow, PublishResult, Settlement
-from relay.worker import Worker, WorkerConfig
+from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
 
 

@@ -14,9 +14,8 @@ from typing import Any
 import asyncpg
 
 from relay.errors import DatabaseError, SchemaError
-from relay.interfaces import OutboxRow, Settlement
-from relay.ordering import ClaimOptions
-from relay.queries import Queries, TableNames
+from relay.interfaces import ClaimOptions, OutboxRow, Settlement
+from relay.pg.queries import Queries, TableNames
 from relay.settings import OnSuccess, Settings, redact_url
 
 DB_ERRORS: tuple[type[BaseException], ...] = (

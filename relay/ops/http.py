@@ -2,7 +2,7 @@
 
 No web framework: three GET routes, one request per connection, answered from state the
 process already holds (the probes never query a server themselves; the backlog comes from the
-bounded-rate poller in relay/metrics.py).
+bounded-rate poller in relay/ops/metrics.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.errors import ConfigError
-from relay.metrics import BacklogSnapshot
+from relay.ops.metrics import BacklogSnapshot
 
-log = structlog.get_logger("relay.http")
+log = structlog.get_logger("relay.ops.http")
 
 _MAX_HEADER_LINES = 100
 _READ_TIMEOUT_S = 5.0

@@ -21,9 +21,9 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError, RelayError
-from relay.worker import Worker
+from relay.loop.worker import Worker
 
-log = structlog.get_logger("relay.leader")
+log = structlog.get_logger("relay.loop.leader")
 
 Connect = Callable[[], Awaitable[Any]]
 _PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError)

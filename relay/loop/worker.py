@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from relay import ordering
 from relay.errors import DatabaseError, InvalidRow
 from relay.interfaces import (
     BatchObserver,
@@ -25,11 +24,12 @@ from relay.interfaces import (
     PublishResult,
     Store,
 )
+from relay.loop import ordering
+from relay.loop.retry import RetryPolicy, plan_settlement
 from relay.options import parse_options
-from relay.retry import RetryPolicy, plan_settlement
-from relay.wakeup import AlwaysNotified, WakeupGate
+from relay.pg.wakeup import AlwaysNotified, WakeupGate
 
-log = structlog.get_logger("relay.worker")
+log = structlog.get_logger("relay.loop.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,7 @@ class Worker:
 
     async def _sleep(self) -> None:
         """Wait for a wake-up, the poll interval or the next due row; the gate decides
-        whether producers notify meanwhile (relay/wakeup.py)."""
+        whether producers notify meanwhile (relay/pg/wakeup.py)."""
         found_rows = self.claimed_total > self._claimed_at_sleep
         self._claimed_at_sleep = self.claimed_total
         timeout = await self._sleep_budget_s()

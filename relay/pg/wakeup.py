@@ -28,10 +28,10 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
-from relay.outbox import DB_ERRORS
-from relay.queries import Queries
+from relay.pg.queries import Queries
+from relay.pg.store import DB_ERRORS
 
-log = structlog.get_logger("relay.wakeup")
+log = structlog.get_logger("relay.pg.wakeup")
 
 _ACQUIRE_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, asyncio.CancelledError)
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, *DB_ERRORS)

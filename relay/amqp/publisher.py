@@ -25,7 +25,7 @@ from relay.interfaces import Message, PublishResult
 from relay.options import Properties
 from relay.settings import redact_url
 
-log = structlog.get_logger("relay.publisher")
+log = structlog.get_logger("relay.amqp.publisher")
 
 # aiormq and aio-pika log every failed reconnect attempt and every dropped connection; the
 # publisher logs each outage once itself (broker_connection_lost ... broker_reconnected).

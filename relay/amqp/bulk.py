@@ -1,7 +1,7 @@
 """The bulk publish path: a whole batch as one write, settled from the broker's acks by tag.
 
 aio-pika and aiormq keep owning the connection, the channel lifecycle, heartbeats and flow
-control state. This publisher only (1) writes pre-encoded frames (relay/bulkframes.py) to the
+control state. This publisher only (1) writes pre-encoded frames (relay/amqp/frames.py) to the
 connection's write queue, and (2) replaces, on its own dedicated confirm channel, the two
 aiormq hooks that would otherwise cost a future per message: `_on_confirm_frame` (acks and
 nacks, usually `multiple`) and `_on_return_frame` (basic.return, tied to its row by
@@ -28,11 +28,11 @@ from aiormq.abc import ChannelFrame
 from aiormq.exceptions import ChannelInvalidStateError
 from pamqp import commands as spec
 
-from relay.bulkframes import ACKED, NACKED, ConfirmTracker, FrameEncoder, TagRange
+from relay.amqp.frames import ACKED, NACKED, ConfirmTracker, FrameEncoder, TagRange
+from relay.amqp.publisher import _BROKER_LOST, OUTBOX_ID_HEADER, AmqpPublisher, amqp_properties
 from relay.interfaces import Message, PublishResult
-from relay.publisher import _BROKER_LOST, OUTBOX_ID_HEADER, AmqpPublisher, amqp_properties
 
-log = structlog.get_logger("relay.bulkpublish")
+log = structlog.get_logger("relay.amqp.bulk")
 
 _PASSES = 3
 

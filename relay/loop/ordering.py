@@ -12,33 +12,14 @@ order (docs/ordering.md says exactly when that happens).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from relay.interfaces import Message, OutboxRow, Publisher, PublishResult, Settlement
-
-if TYPE_CHECKING:
-    from relay.settings import Settings
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimOptions:
-    """How the store claims keyed rows (see relay/settings.py for the knobs)."""
-
-    keys_per_batch: int = 64
-    block_on_dead: bool = False
-    fence: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ClaimOptions:
-        """The claim options of a relay process."""
-        from relay.settings import OnDeadKey, RelayMode
-
-        return cls(
-            keys_per_batch=settings.ordering_keys_per_batch,
-            block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
-            fence=settings.mode is RelayMode.SINGLE_ACTIVE,
-        )
+from relay.interfaces import (
+    Message,
+    OutboxRow,
+    Publisher,
+    PublishResult,
+    Settlement,
+)
 
 
 def rows_after_breaks(rows: Sequence[OutboxRow], broken: Collection[str]) -> set[str]:

@@ -25,7 +25,7 @@ def sql_dir() -> Path:
     packaged = Path(str(resources.files("relay"))) / "sql"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "sql"
+    return Path(__file__).resolve().parent.parent.parent / "sql"
 
 
 def quote_ident(name: str) -> str:

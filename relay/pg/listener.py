@@ -11,9 +11,9 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
-from relay.outbox import DB_ERRORS
+from relay.pg.store import DB_ERRORS
 
-log = structlog.get_logger("relay.listener")
+log = structlog.get_logger("relay.pg.listener")
 
 
 class Listener:

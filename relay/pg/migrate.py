@@ -8,11 +8,11 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
-from relay.outbox import DB_ERRORS
-from relay.queries import Queries, TableNames, sql_dir
+from relay.pg.queries import Queries, TableNames, sql_dir
+from relay.pg.store import DB_ERRORS
 from relay.settings import NotifyMode
 
-log = structlog.get_logger("relay.migrate")
+log = structlog.get_logger("relay.pg.migrate")
 
 
 def migration_files() -> list[Path]:

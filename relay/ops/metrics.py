@@ -23,7 +23,7 @@ from prometheus_client.utils import floatToGoString
 from relay.errors import RelayError
 from relay.interfaces import OutboxRow, PublishResult, Settlement
 
-log = structlog.get_logger("relay.metrics")
+log = structlog.get_logger("relay.ops.metrics")
 
 BATCH_SIZE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

@@ -1,0 +1,3 @@
+"""The relay loop: worker, batches and their verdicts, ordering policy, retries, leader. Knows no
+driver.
+"""

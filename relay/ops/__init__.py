@@ -1,0 +1,2 @@
+"""Operations: HTTP probes, metrics, logs.
+"""
