@@ -1,0 +1,213 @@
+"""One supervision primitive for every connection the relay keeps.
+
+A `Supervisor` owns the life of one connection (the LISTEN session, the wake-up lock session,
+the leader lock session, the broker connection, the worker's pool): it retries `establish`
+with capped exponential backoff and full jitter, its sleeps end at once when the relay stops,
+it logs one line when an outage starts and one when it ends (however many attempts fail in
+between), and its state is read by /healthz. At start-up the same loop waits for a server that
+is not up yet, bounded by `give_up_after_s`; past the bound it raises `GaveUp`, which the CLI
+maps to its own exit code (distinct from a bad setting).
+
+Driver errors are the caller's business: `retry_on` names the exceptions that mean "not
+reachable now"; anything else (a wrong password, a missing database) propagates at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import structlog
+
+from relay.errors import RelayError
+
+log = structlog.get_logger("relay.supervise")
+
+T = TypeVar("T")
+State = Literal["starting", "up", "down", "stopped"]
+
+
+class GaveUp(RelayError):
+    """A server stayed unreachable for longer than the configured start-up bound."""
+
+
+class Stopping(RelayError):
+    """The relay is stopping: a supervised wait ended without a connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with jitter: attempt n waits uniform(d/2, d), d = base*2^n."""
+
+    base_s: float = 0.2
+    max_s: float = 30.0
+
+    def delays(self) -> Iterator[float]:
+        """An endless series of jittered delays, doubling up to `max_s`."""
+        delay = self.base_s
+        while True:
+            yield random.uniform(delay / 2, delay)
+            delay = min(delay * 2, self.max_s)
+
+
+class Supervisor:
+    """The state and the retry loop of one connection; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        backoff: Backoff | None = None,
+        stopping: asyncio.Event | None = None,
+        give_up_after_s: float | None = None,
+        describe: str = "",
+    ) -> None:
+        self.name = name
+        self.backoff = backoff or Backoff()
+        self.stopping = stopping or asyncio.Event()
+        self.give_up_after_s = give_up_after_s
+        self.describe = describe  # e.g. the redacted URL, for log lines
+        self.state: State = "starting"
+        self.last_error: str | None = None
+        self.down_since: float | None = None  # time.monotonic() when the outage began
+        self.outages = 0
+        self._outage_logged = False
+        self._attempts = 0
+        self._never_up = True
+
+    # ------------------------------------------------------------------ state changes
+
+    def lost(self, error: BaseException | str) -> None:
+        """The connection was up and is gone: mark it down and log the outage once."""
+        if self.state == "stopped":
+            return
+        self._mark_down(error)
+
+    def _mark_down(self, error: BaseException | str) -> None:
+        self.last_error = error if isinstance(error, str) else _describe_error(error)
+        if self.state != "down":
+            self.state = "down"
+            self.down_since = time.monotonic()
+        if not self._outage_logged:
+            self._outage_logged = True
+            self.outages += 1
+            event = "connection_waiting" if self.outages == 1 and self._never_up else (
+                "connection_lost"
+            )
+            log.warning(event, connection=self.name, target=self.describe or None,
+                        error=self.last_error)
+
+    def _mark_up(self) -> None:
+        if self._outage_logged:
+            outage_s = time.monotonic() - (self.down_since or time.monotonic())
+            log.info("connection_restored", connection=self.name, attempts=self._attempts,
+                     outage_s=round(outage_s, 1))
+        self._never_up = False
+        self._outage_logged = False
+        self.state, self.down_since, self.last_error, self._attempts = "up", None, None, 0
+
+    def stop(self) -> None:
+        """The relay is stopping: end every wait of this supervisor."""
+        self.state = "stopped"
+        self.stopping.set()
+
+    # ------------------------------------------------------------------ the retry loop
+
+    async def establish(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        retry_on: tuple[type[BaseException], ...] = (OSError,),
+    ) -> T:
+        """Call `attempt` until it returns; back off between failures that are in `retry_on`.
+
+        Raises `Stopping` when the relay stops meanwhile, `GaveUp` when a server that was never
+        up stayed away longer than `give_up_after_s`, and any error outside `retry_on` at once.
+        """
+        delays = self.backoff.delays()
+        while True:
+            if self.stopping.is_set():
+                raise Stopping(f"{self.name}: stopping")
+            self._attempts += 1
+            try:
+                result = await attempt()
+            except retry_on as exc:
+                self._mark_down(exc)
+            else:
+                self._mark_up()
+                return result
+            self._check_give_up()
+            await self.sleep(next(delays))
+
+    def _check_give_up(self) -> None:
+        # The bound is for start-up ("containers start in any order"); a server lost after it
+        # was once up is retried for as long as the relay runs.
+        if self.give_up_after_s is None or self.down_since is None or not self._never_up:
+            return
+        waited_s = time.monotonic() - self.down_since
+        if waited_s >= self.give_up_after_s:
+            raise GaveUp(
+                f"{self.name}: {self.describe or 'server'} unreachable for {waited_s:.0f}s "
+                f"(limit {self.give_up_after_s:g}s): {self.last_error}"
+            )
+
+    async def sleep(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; return False (at once) when the relay is stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), timeout=max(seconds, 0.0))
+        return not self.stopping.is_set()
+
+    # ------------------------------------------------------------------ health
+
+    @property
+    def up(self) -> bool:
+        """The connection is established."""
+        return self.state == "up"
+
+    def snapshot(self) -> dict[str, object]:
+        """State for /healthz and `relay status`: no secrets, no driver objects."""
+        down_s = None if self.down_since is None else round(time.monotonic() - self.down_since, 1)
+        return {"state": self.state, "down_for_s": down_s, "last_error": self.last_error,
+                "outages": self.outages}
+
+
+class Supervisors:
+    """The supervisors of one relay process, sharing one stop event."""
+
+    def __init__(
+        self, *, backoff: Backoff | None = None, give_up_after_s: float | None = None
+    ) -> None:
+        self.stopping = asyncio.Event()
+        self.backoff = backoff or Backoff()
+        self.give_up_after_s = give_up_after_s
+        self._all: dict[str, Supervisor] = {}
+
+    def add(self, name: str, *, describe: str = "") -> Supervisor:
+        """A new supervisor under this process's stop event and bounds."""
+        sup = Supervisor(name, backoff=self.backoff, stopping=self.stopping,
+                         give_up_after_s=self.give_up_after_s, describe=describe)
+        self._all[name] = sup
+        return sup
+
+    def __iter__(self) -> Iterator[Supervisor]:
+        return iter(self._all.values())
+
+    def stop(self) -> None:
+        """End every supervised wait; safe to call twice."""
+        for sup in self._all.values():
+            sup.state = "stopped"
+        self.stopping.set()
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Every connection's state, by name."""
+        return {name: sup.snapshot() for name, sup in self._all.items()}
+
+
+def _describe_error(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
