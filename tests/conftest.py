@@ -16,6 +16,7 @@ from relay.pg.queries import TableNames
 from relay.settings import NotifyMode
 from tests import services
 from tests.helpers import Consumer, Env, RelayProcess, with_database
+from tests.servers.rabbitmq_node import RabbitNode
 
 RUN_ID = secrets.token_hex(3)
 _counter = iter(range(1, 1_000_000))
@@ -149,3 +150,14 @@ def start_relay(env: Env, relays: list[RelayProcess], tmp_path: Path):  # type: 
         return proc
 
     return start
+
+
+@pytest.fixture
+def rabbit_node() -> Iterator[RabbitNode]:
+    """A private RabbitMQ node of this test's own, for broker-wide faults (stop_app, alarms);
+    stopped and removed at teardown. Never touch the shared node's state."""
+    node = RabbitNode().start()
+    try:
+        yield node
+    finally:
+        node.destroy()
