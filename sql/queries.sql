@@ -225,6 +225,11 @@ SELECT to_regclass({table_literal}) IS NOT NULL
 -- name: ping
 SELECT 1
 
+-- name: session_read_only
+-- A session the relay keeps must be able to write: a standby (or a server set read-only) is
+-- dropped and the connection retried, so that after a failover every session finds the primary.
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean
+
 -- ============================================================ dead letters and retention
 -- (relay/deadletters.py: `relay dead ...` and `relay prune`)
 
