@@ -1,15 +1,23 @@
-"""Lifecycle of `relay run`: open both servers (fail fast), run listener and worker, stop."""
+"""Lifecycle of `relay run`: wait for both servers (bounded), run listener and worker, stop.
+
+Start in any order: a server that does not answer yet is waited for, with backoff, up to
+RELAY_STARTUP_TIMEOUT_S (then `GaveUp`, its own exit code); a bad setting, a wrong password or a
+missing table fails at once. Every connection the relay keeps has a Supervisor (relay/supervise.py)
+under one stop event; their states are part of /healthz.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
+from typing import TYPE_CHECKING
 
 import structlog
 
 from relay.amqp.bulk import BulkPublisher
 from relay.amqp.publisher import AmqpPublisher
+from relay.errors import BrokerError, DatabaseUnavailable
 from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
 from relay.loop.worker import Worker, WorkerConfig
@@ -20,6 +28,10 @@ from relay.pg.queries import Queries
 from relay.pg.store import Outbox, connect, table_names
 from relay.pg.wakeup import AdaptivePoll, LockGate
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings, redact_url
+from relay.supervise import Backoff, Stopping, Supervisor, Supervisors
+
+if TYPE_CHECKING:
+    import asyncpg
 
 log = structlog.get_logger("relay.app")
 
@@ -39,7 +51,23 @@ def worker_config(settings: Settings) -> WorkerConfig:
     )
 
 
-async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox) -> None:
+def _backoff(settings: Settings) -> Backoff:
+    return Backoff(base_s=0.2, max_s=settings.reconnect_max_s)
+
+
+async def connect_when_up(settings: Settings, role: str) -> asyncpg.Connection:
+    """One session, waiting (bounded by RELAY_STARTUP_TIMEOUT_S) for a writable server.
+
+    For one-shot commands such as `relay migrate`; raises `GaveUp` past the bound.
+    """
+    sup = Supervisor(role, backoff=_backoff(settings),
+                     give_up_after_s=settings.startup_timeout_s,
+                     describe=redact_url(settings.pg_dsn))
+    return await sup.establish(lambda: connect(settings, role), retry_on=(DatabaseUnavailable,))
+
+
+async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
+                       supervisors: Supervisors) -> None:
     """The worker, behind the leader lock in single-active mode."""
     if settings.mode is not RelayMode.SINGLE_ACTIVE:
         await worker.run()
@@ -50,7 +78,7 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox) -> No
         queries["leader_try_lock"],
         queries["ping"],
         poll_interval_s=settings.leader_poll_interval_s,
-        reconnect_max_s=settings.reconnect_max_s,
+        supervisor=supervisors.add("leader"),
     )
     try:
         await run_when_leader(worker, leadership, outbox.terminate)
@@ -58,22 +86,63 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox) -> No
         await leadership.close()
 
 
-async def run(settings: Settings) -> None:
-    """Run the relay until SIGTERM/SIGINT; raises RelayError subclasses when start-up fails."""
-    outbox = await Outbox.open(settings)
+async def _open_servers(
+    settings: Settings, supervisors: Supervisors
+) -> tuple[Outbox, AmqpPublisher]:
+    """The pool and the broker connection, each waited for up to the start-up bound."""
+    database = supervisors.add("database", describe=redact_url(settings.pg_dsn), bounded=True)
+    outbox = await database.establish(lambda: Outbox.open(settings),
+                                      retry_on=(DatabaseUnavailable,))
     kind = BulkPublisher if settings.publisher is PublisherKind.BULK else AmqpPublisher
     publisher = kind(
         settings.amqp_url,
         publish_timeout_s=settings.publish_timeout_s,
         reconnect_max_s=settings.reconnect_max_s,
     )
+    broker = supervisors.add("broker", describe=redact_url(settings.amqp_url), bounded=True)
     try:
-        await publisher.connect()
+        await broker.establish(publisher.connect, retry_on=(BrokerError,))
     except BaseException:
         await outbox.close()
         raise
+    # The publisher reconnects by itself (relay/amqp) and reports through `connected`; until it
+    # drives this Supervisor, /healthz would show a stale "up": leave the start-up one out.
+    supervisors.discard("broker")
+    return outbox, publisher
+
+
+async def run(settings: Settings) -> None:
+    """Run the relay until SIGTERM/SIGINT; raises RelayError subclasses when start-up fails
+    (`GaveUp` when a server stayed away past RELAY_STARTUP_TIMEOUT_S)."""
+    supervisors = Supervisors(backoff=_backoff(settings),
+                              give_up_after_s=settings.startup_timeout_s)
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        stop_requested.set()
+        supervisors.stop()  # ends every backoff sleep, the start-up wait included
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        try:
+            outbox, publisher = await _open_servers(settings, supervisors)
+        except Stopping:
+            log.info("relay_stopped", published=0)
+            return
+        await _serve(settings, supervisors, outbox, publisher, stop_requested)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
+                 publisher: AmqpPublisher, stop_requested: asyncio.Event) -> None:
+    """Run listener and worker over open servers until a stop is requested."""
     metrics = RelayMetrics() if settings.http_port else None
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics)
+    worker.db_supervisor = supervisors.get("database")
     worker.gate = gate = LockGate(
         lambda: connect(settings, "wakeup"),
         Queries(table_names(settings)),
@@ -86,13 +155,9 @@ async def run(settings: Settings) -> None:
         lambda: connect(settings, "listener"),
         settings.notify_channel,
         worker.wake,
+        supervisor=supervisors.add("listener"),
         ping_sql=Queries(table_names(settings))["ping"],
-        reconnect_max_s=settings.reconnect_max_s,
     )
-    stop_requested = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_requested.set)
     log.info(
         "relay_started",
         table=settings.table,
@@ -103,7 +168,7 @@ async def run(settings: Settings) -> None:
         publisher=settings.publisher.value,
         mode=settings.mode.value,
     )
-    worker_task = asyncio.ensure_future(_worker_main(settings, worker, outbox))
+    worker_task = asyncio.ensure_future(_worker_main(settings, worker, outbox, supervisors))
     listener_task = asyncio.ensure_future(listener.run())
     stop_task = asyncio.ensure_future(stop_requested.wait())
     http: HttpServer | None = None
@@ -115,10 +180,12 @@ async def run(settings: Settings) -> None:
             http = await start_http(
                 settings, metrics=metrics, poller=poller, worker=worker,
                 worker_task=worker_task, publisher=publisher, listener=listener,
+                supervisors=supervisors,
             )
         await asyncio.wait({worker_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         log.info("relay_stopping", timeout_s=settings.shutdown_timeout_s)
         worker.stop()
+        supervisors.stop()
         done, _ = await asyncio.wait({worker_task}, timeout=settings.shutdown_timeout_s)
         if not done:
             log.warning("relay_stop_timeout", detail="rolling back in-flight batches")
@@ -128,8 +195,6 @@ async def run(settings: Settings) -> None:
         elif worker_task.exception() is not None:
             raise worker_task.exception()  # type: ignore[misc]
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         if http is not None:
             await http.close()
         tasks = [t for t in (listener_task, stop_task, worker_task, poller_task) if t is not None]
@@ -165,6 +230,7 @@ async def start_http(
     worker_task: asyncio.Future[None],
     publisher: AmqpPublisher,
     listener: Listener,
+    supervisors: Supervisors,
 ) -> HttpServer:
     """Wire the metrics and probes to the running objects and start the HTTP endpoint."""
     metrics.watch_connections(
@@ -182,6 +248,7 @@ async def start_http(
         ready_max_lag_s=settings.ready_max_lag_s,
         stall_after_s=stall_after_s(settings),
         backlog_stale_after_s=max(3 * settings.backlog_poll_interval_s, 30.0),
+        connections=supervisors.snapshot,
     )
     http = HttpServer(settings.http_host, settings.http_port, health, metrics.render)
     await http.start()

@@ -16,10 +16,12 @@ from pydantic import ValidationError
 from relay.errors import RelayError
 from relay.ops import logs
 from relay.settings import Settings
+from relay.supervise import GaveUp
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_NOT_FOUND = 3
+EXIT_GAVE_UP = 75  # EX_TEMPFAIL: a server stayed away past RELAY_STARTUP_TIMEOUT_S; retry later
 
 
 def settings_help() -> str:
@@ -88,11 +90,12 @@ def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply the schema."""
+    from relay.app import connect_when_up
     from relay.pg.migrate import migrate
-    from relay.pg.store import connect, table_names
+    from relay.pg.store import table_names
 
     async def main() -> int:
-        conn = await connect(settings, "migrate")
+        conn = await connect_when_up(settings, "migrate")
         try:
             applied = await migrate(conn, table_names(settings), settings.notify)
             if args.roles:
@@ -357,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         logs.configure(settings.log_level, settings.log_format)
         return int(args.handler(args, settings))
+    except GaveUp as exc:
+        print(f"relay: gave up waiting: {exc}", file=sys.stderr)
+        return EXIT_GAVE_UP
     except RelayError as exc:
         print(f"relay: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -18,6 +18,11 @@ class DatabaseError(RelayError):
     """PostgreSQL is unreachable or refused a statement."""
 
 
+class DatabaseUnavailable(DatabaseError):
+    """No usable PostgreSQL server now: unreachable, starting or stopping, out of connection
+    slots, or only a read-only one (a standby) answered; retried, never a configuration error."""
+
+
 class BrokerError(RelayError):
     """RabbitMQ is unreachable or closed the connection."""
 

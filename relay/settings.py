@@ -202,6 +202,14 @@ class Settings(BaseSettings):
         description="Seconds between a standby's tries for the leader lock and between the "
         "leader's checks of its lock connection (single-active).",
     )
+    # Supervision and high availability (relay/supervise.py, docs/operations.md)
+    startup_timeout_s: Seconds = Field(
+        default=60.0,
+        validation_alias=_env("STARTUP_TIMEOUT"),
+        description="Seconds `relay run` and `relay migrate` wait at start for PostgreSQL and "
+        "RabbitMQ to answer before giving up (exit code 75); a server lost later is retried "
+        "for as long as the relay runs.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     log_format: str = Field(
         default="auto", description="json, console, or auto (console on a terminal)."

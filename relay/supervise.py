@@ -10,6 +10,10 @@ maps to its own exit code (distinct from a bad setting).
 
 Driver errors are the caller's business: `retry_on` names the exceptions that mean "not
 reachable now"; anything else (a wrong password, a missing database) propagates at once.
+
+Loops that must do something between attempts (a worker that heartbeats, a standby that polls)
+drive the same state one attempt at a time: `failed(error)` after a failure, `pause()` for the
+next backoff delay of the outage, `ok()` after a success.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class Supervisor:
         self._outage_logged = False
         self._attempts = 0
         self._never_up = True
+        self._delays: Iterator[float] | None = None  # this outage's backoff; None when up
 
     # ------------------------------------------------------------------ state changes
 
@@ -87,6 +92,37 @@ class Supervisor:
         if self.state == "stopped":
             return
         self._mark_down(error)
+
+    def failed(self, error: BaseException | str) -> None:
+        """One attempt over the connection failed: down (logged once per outage).
+
+        Raises `GaveUp` when a server that was never up stayed away past the start-up bound.
+        """
+        if self.state == "stopped":
+            return
+        self._attempts += 1
+        self._mark_down(error)
+        self._check_give_up()
+
+    def ok(self) -> None:
+        """An attempt over the connection worked: up (the recovery is logged once)."""
+        if self.state == "stopped":
+            return
+        if self.state != "up":
+            self._attempts += 1
+            self._mark_up()
+        self._delays = None
+
+    async def pause(self) -> bool:
+        """Sleep this outage's next backoff delay; False (at once) when the relay stops."""
+        if self._delays is None:
+            self._delays = self.backoff.delays()
+        delay = next(self._delays)
+        if self.give_up_after_s is not None and self._never_up and self.down_since is not None:
+            # Wake for the start-up bound's last attempt rather than sleep past it.
+            left_s = self.give_up_after_s - (time.monotonic() - self.down_since)
+            delay = min(delay, max(left_s, 0.0) + 0.01)
+        return await self.sleep(delay)
 
     def _mark_down(self, error: BaseException | str) -> None:
         self.last_error = error if isinstance(error, str) else _describe_error(error)
@@ -109,6 +145,7 @@ class Supervisor:
                      outage_s=round(outage_s, 1))
         self._never_up = False
         self._outage_logged = False
+        self._delays = None
         self.state, self.down_since, self.last_error, self._attempts = "up", None, None, 0
 
     def stop(self) -> None:
@@ -129,20 +166,17 @@ class Supervisor:
         Raises `Stopping` when the relay stops meanwhile, `GaveUp` when a server that was never
         up stayed away longer than `give_up_after_s`, and any error outside `retry_on` at once.
         """
-        delays = self.backoff.delays()
         while True:
             if self.stopping.is_set():
                 raise Stopping(f"{self.name}: stopping")
-            self._attempts += 1
             try:
                 result = await attempt()
             except retry_on as exc:
-                self._mark_down(exc)
+                self.failed(exc)
             else:
-                self._mark_up()
+                self.ok()
                 return result
-            self._check_give_up()
-            await self.sleep(next(delays))
+            await self.pause()
 
     def _check_give_up(self) -> None:
         # The bound is for start-up ("containers start in any order"); a server lost after it
@@ -187,12 +221,25 @@ class Supervisors:
         self.give_up_after_s = give_up_after_s
         self._all: dict[str, Supervisor] = {}
 
-    def add(self, name: str, *, describe: str = "") -> Supervisor:
-        """A new supervisor under this process's stop event and bounds."""
+    def add(self, name: str, *, describe: str = "", bounded: bool = False) -> Supervisor:
+        """A new supervisor under this process's stop event and backoff.
+
+        `bounded`: the start-up bound applies (the servers `relay run` waits for before it
+        starts); the sessions opened afterwards retry for as long as the relay runs.
+        """
         sup = Supervisor(name, backoff=self.backoff, stopping=self.stopping,
-                         give_up_after_s=self.give_up_after_s, describe=describe)
+                         give_up_after_s=self.give_up_after_s if bounded else None,
+                         describe=describe)
         self._all[name] = sup
         return sup
+
+    def get(self, name: str) -> Supervisor:
+        """The supervisor of that name."""
+        return self._all[name]
+
+    def discard(self, name: str) -> None:
+        """Forget a supervisor (it no longer shows in snapshots)."""
+        self._all.pop(name, None)
 
     def __iter__(self) -> Iterator[Supervisor]:
         return iter(self._all.values())

@@ -140,7 +140,7 @@ FOR UPDATE OF t SKIP LOCKED
 -- name: single_active_fence
 -- RELAY_MODE=single-active: batches of all relays on this table run one at a time, so a leader
 -- that lost its lock cannot overlap its last batch with the next leader's first.
-SELECT pg_advisory_xact_lock(hashtext('outbox-relay:fence:' || {table_literal}))
+SELECT pg_advisory_xact_lock({fence_lock_class}, {table_oid})
 
 -- name: delete_published
 DELETE FROM {table} WHERE id = ANY($1::uuid[])
@@ -191,8 +191,9 @@ WHERE available_at > now()
 -- ============================================================ single-active leader
 
 -- name: leader_try_lock
--- Session-level: held for as long as the leader's dedicated connection lives.
-SELECT pg_try_advisory_lock(hashtext('outbox-relay:leader:' || {table_literal}))
+-- Session-level: held for as long as the leader's dedicated connection lives. Keyed on the
+-- table's oid, so every spelling of RELAY_TABLE that names this table competes for one lock.
+SELECT pg_try_advisory_lock({leader_lock_class}, {table_oid})
 
 -- ============================================================ status
 
@@ -224,6 +225,11 @@ SELECT to_regclass({table_literal}) IS NOT NULL
 
 -- name: ping
 SELECT 1
+
+-- name: session_read_only
+-- A session the relay keeps must be able to write: a standby (or a server set read-only) is
+-- dropped and the connection retried, so that after a failover every session finds the primary.
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean
 
 -- ============================================================ dead letters and retention
 -- (relay/deadletters.py: `relay dead ...` and `relay prune`)

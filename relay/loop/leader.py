@@ -22,11 +22,13 @@ import structlog
 
 from relay.errors import DatabaseError, RelayError
 from relay.loop.worker import Worker
+from relay.supervise import Stopping, Supervisor
 
 log = structlog.get_logger("relay.loop.leader")
 
 Connect = Callable[[], Awaitable[Any]]
 _PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError)
+_RETRY_ON = (DatabaseError, OSError, TimeoutError, *_PG_ERRORS)
 
 
 class LeadershipLost(RelayError):
@@ -34,50 +36,55 @@ class LeadershipLost(RelayError):
 
 
 class Leadership:
-    """Acquires and watches the leader lock on its own connection."""
+    """Acquires and watches the leader lock on its own connection, under its Supervisor."""
 
     def __init__(self, connect: Connect, lock_sql: str, ping_sql: str, *,
-                 poll_interval_s: float, reconnect_max_s: float) -> None:
+                 poll_interval_s: float, supervisor: Supervisor | None = None) -> None:
         self._connect = connect
         self._lock_sql = lock_sql
         self._ping_sql = ping_sql
         self.poll_interval_s = poll_interval_s
-        self.reconnect_max_s = reconnect_max_s
+        self.supervisor = supervisor or Supervisor("leader")
         self._conn: Any = None
 
     async def acquire(self, heartbeat: Callable[[], None] = lambda: None) -> None:
         """Return once this relay holds the leader lock (stand by, polling, until then).
 
         `heartbeat` is called on every poll: a standby is alive, and liveness probes must say so.
+        Raises Stopping when the relay stops first.
         """
-        delay = self.poll_interval_s
         standby_logged = False
         while True:
             heartbeat()
             try:
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await self._connect()
-                if await self._conn.fetchval(self._lock_sql):
-                    log.info("leader_elected")
-                    return
-                delay = self.poll_interval_s
-                if not standby_logged:
-                    log.info("standing_by", poll_interval_s=self.poll_interval_s)
-                    standby_logged = True
-            except (DatabaseError, OSError, TimeoutError, *_PG_ERRORS) as exc:
-                log.warning("leader_lock_unavailable", error=str(exc))
+                got = await self._conn.fetchval(self._lock_sql)
+            except _RETRY_ON as exc:
+                self.supervisor.failed(exc)
                 await self._drop()
-                delay = min(max(delay * 2, self.poll_interval_s), self.reconnect_max_s)
-            await asyncio.sleep(random.uniform(delay * 0.8, delay))
+                if not await self.supervisor.pause():
+                    raise Stopping("leader: stopping") from None
+                continue
+            self.supervisor.ok()
+            if got:
+                log.info("leader_elected")
+                return
+            if not standby_logged:
+                log.info("standing_by", poll_interval_s=self.poll_interval_s)
+                standby_logged = True
+            interval = random.uniform(self.poll_interval_s * 0.8, self.poll_interval_s)
+            if not await self.supervisor.sleep(interval):
+                raise Stopping("leader: stopping")
 
     async def watch(self) -> None:
         """Raise LeadershipLost as soon as the lock connection stops answering."""
-        while True:
-            await asyncio.sleep(self.poll_interval_s)
+        while await self.supervisor.sleep(self.poll_interval_s):
             try:
                 await asyncio.wait_for(self._conn.fetchval(self._ping_sql),
                                        timeout=max(self.poll_interval_s, 2.0))
             except (OSError, TimeoutError, *_PG_ERRORS) as exc:
+                self.supervisor.lost(exc)
                 raise LeadershipLost(f"leader lock connection lost: {exc}") from exc
 
     async def close(self) -> None:
@@ -103,7 +110,10 @@ async def run_when_leader(worker: Worker, leadership: Leadership,
             await asyncio.wait({acquiring}, timeout=0.1)
             if worker.stopping:
                 return
-        acquiring.result()
+        with contextlib.suppress(Stopping):
+            acquiring.result()
+        if worker.stopping or leadership.supervisor.stopping.is_set():
+            return
     finally:
         acquiring.cancel()
         await asyncio.gather(acquiring, return_exceptions=True)

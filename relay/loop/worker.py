@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from relay.loop import ordering
 from relay.loop.retry import RetryPolicy, plan_settlement
 from relay.options import parse_options
 from relay.pg.wakeup import AlwaysNotified, WakeupGate
+from relay.supervise import Backoff, Supervisor
 
 log = structlog.get_logger("relay.loop.worker")
 
@@ -108,10 +108,11 @@ class Worker:
         self.gate: WakeupGate = gate or AlwaysNotified()
         self.claimed_total = 0
         self._claimed_at_sleep = 0
-        self._db_delay = 0.2
-        self._db_outage = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        # The pool's connection state; relay/app.py puts it among the process's supervisors.
+        self.db_supervisor = Supervisor("database", backoff=Backoff(0.2, config.db_retry_max_s),
+                                        stopping=self._stopping)
         self.published_total = 0
         self._last_had_keys = False
         self.last_loop_at = time.monotonic()
@@ -161,32 +162,24 @@ class Worker:
         await self.gate.mark_awake()
 
     async def _sweep(self) -> None:
-        """Drain once; on a database error back off (capped, jittered) and ask for another."""
+        """Drain once; on a failure back off (the database Supervisor) and ask for another.
+
+        One attempt per sweep, so the loop keeps ticking (liveness) through a long outage.
+        """
+        db = self.db_supervisor
         try:
             await self.drain()
         except DatabaseError as exc:
-            if not self._db_outage:
-                log.warning("database_unavailable", error=str(exc))
-                self._db_outage = True
-            await self._pause(random.uniform(self._db_delay / 2, self._db_delay))
-            self._db_delay = min(self._db_delay * 2, self.config.db_retry_max_s)
-            self._wake.set()
-            return
+            db.failed(exc)  # logged once per outage, and once on recovery
         except Exception as exc:
             # An unexpected error (a bug, a driver surprise) rolls its batch back; the
             # relay backs off and goes on rather than stopping the line for everyone.
             log.error("drain_failed", error=repr(exc), exc_info=True)
-            await self._pause(random.uniform(self._db_delay / 2, self._db_delay))
-            self._db_delay = min(self._db_delay * 2, self.config.db_retry_max_s)
-            self._wake.set()
+        else:
+            db.ok()
             return
-        if self._db_outage:
-            log.info("database_reconnected")
-        self._db_outage, self._db_delay = False, 0.2
-
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        await db.pause()
+        self._wake.set()
 
     async def _sleep_budget_s(self) -> float:
         """Poll interval, or less when a delayed row falls due sooner."""

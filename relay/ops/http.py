@@ -53,6 +53,8 @@ class Health:
     ready_max_lag_s: float
     stall_after_s: float
     backlog_stale_after_s: float
+    # Every supervised connection's state (relay/supervise.py), shown in /healthz; no check.
+    connections: Callable[[], dict[str, dict[str, object]]] | None = None
 
     def liveness(self, now: float | None = None) -> dict[str, Check]:
         """The loop task is running and made progress recently (or waits for the broker)."""
@@ -168,6 +170,8 @@ class HttpServer:
             return 200, CONTENT_TYPE_LATEST, self._render_metrics()
         if path in {"/healthz", "/livez"}:
             status, body = probe_body(self.health.liveness())
+            if self.health.connections is not None:
+                body["connections"] = self.health.connections()
         elif path == "/readyz":
             status, body = probe_body(self.health.readiness())
         else:

@@ -1,9 +1,8 @@
-"""The dedicated LISTEN connection: any notification wakes the worker; reconnects forever."""
+"""The dedicated LISTEN session: any notification wakes the worker; its Supervisor reconnects."""
 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,15 +11,20 @@ import structlog
 
 from relay.errors import DatabaseError
 from relay.pg.store import DB_ERRORS
+from relay.supervise import Stopping, Supervisor
 
 log = structlog.get_logger("relay.pg.listener")
 
+# A connection that fails, or a LISTEN a standby refuses ("cannot execute LISTEN during
+# recovery"): both mean "no usable primary now".
+_RETRY_ON: tuple[type[BaseException], ...] = (DatabaseError, *DB_ERRORS)
+
 
 class Listener:
-    """Keeps one LISTEN connection open and calls `wake` on every notification and reconnect.
+    """Keeps one LISTEN session open and calls `wake` on every notification and reconnect.
 
-    Notifications sent while the connection was down are gone, so every (re)connect also
-    wakes the worker for a sweep.
+    Notifications sent while the session was down are gone, so every (re)connect also wakes
+    the worker for a sweep. After a failover the connect function finds the new primary.
     """
 
     def __init__(
@@ -29,54 +33,53 @@ class Listener:
         channel: str,
         wake: Callable[[], None],
         *,
+        supervisor: Supervisor | None = None,
         ping_sql: str = "SELECT 1",
         check_interval_s: float = 5.0,
-        reconnect_max_s: float = 30.0,
     ) -> None:
         self._connect = connect
         self.channel = channel
         self._wake = wake
+        self.supervisor = supervisor or Supervisor("listener")
         self._ping_sql = ping_sql
         self.check_interval_s = check_interval_s
-        self.reconnect_max_s = reconnect_max_s
-        self.connected = False
         self._conn: asyncpg.Connection | None = None
+
+    @property
+    def connected(self) -> bool:
+        """The LISTEN session is up."""
+        return self.supervisor.up
 
     def _on_notify(self, *_: Any) -> None:
         self._wake()
 
+    async def _open(self) -> asyncpg.Connection:
+        conn = await self._connect()
+        try:
+            await conn.add_listener(self.channel, self._on_notify)
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
+
     async def run(self) -> None:
-        """Listen until cancelled; reconnect with capped backoff and jitter, logging once."""
-        delay = 0.2
-        outage = False
+        """Listen until the relay stops (or the task is cancelled); reconnect when lost."""
         while True:
             try:
-                conn = await self._connect()
-                await conn.add_listener(self.channel, self._on_notify)
-            except (DatabaseError, *DB_ERRORS) as exc:  # type: ignore[misc]
-                self.connected = False
-                if not outage:
-                    log.warning("listen_connection_lost", error=str(exc))
-                    outage = True
-                await asyncio.sleep(random.uniform(delay / 2, delay))
-                delay = min(delay * 2, self.reconnect_max_s)
-                continue
-            if outage:
-                log.info("listen_connection_restored")
-            outage, delay = False, 0.2
-            self._conn, self.connected = conn, True
+                conn = await self.supervisor.establish(self._open, retry_on=_RETRY_ON)
+            except Stopping:
+                return
+            self._conn = conn
             self._wake()
             try:
-                await self._watch(conn)
+                reason = await self._watch(conn)
             finally:
-                self.connected = False
                 self._conn = None
                 conn.terminate()
-            log.warning("listen_connection_lost", error="connection closed")
-            outage = True
+            self.supervisor.lost(reason)
 
-    async def _watch(self, conn: asyncpg.Connection) -> None:
-        """Return when the connection is gone: closed by the server, or not answering a ping."""
+    async def _watch(self, conn: asyncpg.Connection) -> str:
+        """Return why the session is gone: closed by the server, or not answering a ping."""
         lost = asyncio.Event()
         conn.add_termination_listener(lambda _c: lost.set())
         while not lost.is_set() and not conn.is_closed():
@@ -85,8 +88,9 @@ class Listener:
             except TimeoutError:
                 try:
                     await conn.fetchval(self._ping_sql, timeout=self.check_interval_s)
-                except DB_ERRORS:
-                    return
+                except DB_ERRORS as exc:
+                    return f"ping failed: {type(exc).__name__}: {exc}"
+        return "connection closed"
 
     async def close(self) -> None:
         """Drop the connection (run() is cancelled by the owner)."""

@@ -18,6 +18,11 @@ _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 # First key of the two-key advisory lock a relay holds while asleep (the second key is the
 # outbox table's oid), in conditional notify mode: "RELY" in ASCII.
 WAKEUP_LOCK_CLASS = 0x52454C59
+# Namespaces of the other two-key locks, keyed on the table's oid like the wake-up lock (never on
+# the spelling of RELAY_TABLE: `queue_message` and `public.queue_message` are one table):
+# the single-active leader's session lock ("RLDR") and the batch fence ("RFNC").
+LEADER_LOCK_CLASS = 0x524C4452
+FENCE_LOCK_CLASS = 0x52464E43
 
 
 def sql_dir() -> Path:
@@ -67,6 +72,9 @@ class TableNames:
             "channel_literal": "'" + self.channel + "'",
             "dead_channel_literal": "'" + self.name + "_dead'",
             "wakeup_lock_class": str(WAKEUP_LOCK_CLASS),
+            "leader_lock_class": str(LEADER_LOCK_CLASS),
+            "fence_lock_class": str(FENCE_LOCK_CLASS),
+            "table_oid": "'" + self._q().replace("'", "''") + "'::regclass::oid::int",
         }
 
     def render(self, sql: str) -> str:

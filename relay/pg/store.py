@@ -13,9 +13,9 @@ from typing import Any
 
 import asyncpg
 
-from relay.errors import DatabaseError, SchemaError
+from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
 from relay.interfaces import ClaimOptions, OutboxRow, Settlement
-from relay.pg.queries import Queries, TableNames
+from relay.pg.queries import Queries, TableNames, raw_queries
 from relay.settings import OnSuccess, Settings, redact_url
 
 DB_ERRORS: tuple[type[BaseException], ...] = (
@@ -25,8 +25,20 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+# "No usable server now" (down, starting or shutting down, out of connection slots, or no host of
+# a multi-host DSN is writable): retried by the supervisors, never a configuration error.
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.TargetServerAttributeNotMatched,
+)
+
 # The pool logs a traceback per failed reconnect of its idle floor; the worker logs each
-# outage once itself (database_unavailable ... database_reconnected).
+# outage once itself (its Supervisor: connection_lost ... connection_restored).
 logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
 
 # A pooled connection proxy or a plain connection: both run queries the same way.
@@ -75,13 +87,48 @@ def connect_args(settings: Settings, role: str) -> dict[str, Any]:
     return args
 
 
-async def connect(settings: Settings, role: str) -> asyncpg.Connection:
-    """One connection, with errors translated into DatabaseError (password redacted)."""
+def session_args(settings: Settings, role: str) -> dict[str, Any]:
+    """connect_args() for a session the relay keeps: every host of a multi-host DSN is tried,
+    and unless the DSN says otherwise only a writable server (the primary) is accepted."""
+    args = connect_args(settings, role)
+    for key, convert in (("host", str), ("port", int)):
+        value = args.get(key)
+        if isinstance(value, str) and "," in value:  # libpq keyword form: host=h1,h2
+            args[key] = [convert(v) for v in value.split(",")]
+    if ("target_session_attrs" not in args and "target_session_attrs" not in (settings.pg_dsn or "")
+            and not os.environ.get("PGTARGETSESSIONATTRS")):
+        args["target_session_attrs"] = "read-write"
+    return args
+
+
+async def require_read_write(conn: Conn) -> None:
+    """Refuse a session on a read-only server (a standby): it could neither claim nor lock."""
     try:
-        return await asyncpg.connect(**connect_args(settings, role))
+        read_only = await conn.fetchval(raw_queries()["session_read_only"])
     except DB_ERRORS as exc:
-        where = redact_url(settings.pg_dsn)
-        raise DatabaseError(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
+        raise DatabaseUnavailable(f"checking the server's role failed: {exc}") from exc
+    if read_only:
+        raise DatabaseUnavailable("the server is read-only (a standby?): trying again")
+
+
+def _connect_failed(settings: Settings, exc: BaseException) -> DatabaseError:
+    where = redact_url(settings.pg_dsn)
+    kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
+    return kind(f"cannot connect to PostgreSQL at {where}: {exc}")
+
+
+async def connect(settings: Settings, role: str) -> asyncpg.Connection:
+    """One connection to a writable server, errors translated (DatabaseUnavailable: retry)."""
+    try:
+        conn: asyncpg.Connection = await asyncpg.connect(**session_args(settings, role))
+    except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
+        raise _connect_failed(settings, exc) from exc
+    try:
+        await require_read_write(conn)
+    except DatabaseError:
+        conn.terminate()
+        raise
+    return conn
 
 
 async def _rollback_quietly(conn: Conn, tx: Any) -> None:
@@ -169,12 +216,13 @@ class Outbox:
         """Open the pool (fails fast with DatabaseError) and check the table is migrated."""
         n = size or settings.concurrency + 1
         try:
+            # init: a pooled connection that lands on a standby is closed, never used to claim.
             pool = await asyncpg.create_pool(
-                min_size=1, max_size=n, **connect_args(settings, "worker")
+                min_size=1, max_size=n, init=require_read_write,
+                **session_args(settings, "worker"),
             )
-        except DB_ERRORS as exc:
-            where = redact_url(settings.pg_dsn)
-            raise DatabaseError(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
+        except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
+            raise _connect_failed(settings, exc) from exc
         assert pool is not None
         outbox = cls(pool, Queries(table_names(settings)), settings.on_success,
                      ClaimOptions.from_settings(settings))
@@ -182,7 +230,8 @@ class Outbox:
             exists = await pool.fetchval(outbox.q["table_exists"])
         except DB_ERRORS as exc:
             await pool.close()
-            raise DatabaseError(f"checking the outbox table failed: {exc}") from exc
+            kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
+            raise kind(f"checking the outbox table failed: {exc}") from exc
         if not exists:
             await pool.close()
             raise SchemaError(f"table {settings.table} does not exist: run `relay migrate` first")

@@ -187,7 +187,8 @@ async def test_lost_notification__rows_committed_while_listen_connection_is_down
     finally:
         await admin.close()
     assert sorted(set(consumer.ids())) == sorted(expected)
-    lost = [e for e in relay.log_events() if e.get("event") == "listen_connection_lost"]
+    lost = [e for e in relay.log_events()
+            if e.get("event") == "connection_lost" and e.get("connection") == "listener"]
     assert lost, "the relay did not notice its LISTEN connection was terminated"
     assert relay.terminate() == 0
 

@@ -104,3 +104,61 @@ async def test_stop__ends_a_backoff_sleep_at_once() -> None:
     with pytest.raises(Stopping):
         await asyncio.wait_for(task, timeout=1.0)
     assert sups.snapshot()["db"]["state"] == "stopped"
+
+
+async def test_failed_ok__one_attempt_at_a_time_logs_one_outage_and_one_recovery() -> None:
+    sup = Supervisor("database", backoff=FAST)
+    sup.ok()
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            sup.failed(ConnectionResetError("reset"))
+            assert await sup.pause()
+        assert not sup.up
+        sup.ok()
+        sup.ok()
+    assert [e["event"] for e in logs] == ["connection_lost", "connection_restored"]
+    assert logs[1]["attempts"] == 4
+    assert sup.snapshot()["outages"] == 1
+
+
+async def test_pause__backoff_grows_within_an_outage_and_restarts_after_recovery() -> None:
+    sup = Supervisor("database", backoff=Backoff(base_s=1.0, max_s=8.0))
+    asked: list[float] = []
+
+    async def record(seconds: float) -> bool:
+        asked.append(seconds)
+        return True
+
+    sup.sleep = record  # type: ignore[method-assign]
+    sup.failed("down")
+    for _ in range(4):
+        await sup.pause()
+    sup.ok()
+    sup.failed("down again")
+    await sup.pause()
+    for got, cap in zip(asked, [1, 2, 4, 8, 1], strict=True):
+        assert cap / 2 <= got <= cap
+
+
+async def test_failed__raises_gave_up_past_the_start_up_bound_only_before_first_success() -> None:
+    sup = Supervisor("broker", backoff=FAST, give_up_after_s=0.02)
+    sup.failed("refused")
+    await asyncio.sleep(0.03)
+    with pytest.raises(GaveUp):
+        sup.failed("refused")
+    up_once = Supervisor("broker", backoff=FAST, give_up_after_s=0.02)
+    up_once.ok()
+    up_once.failed("refused")
+    await asyncio.sleep(0.03)
+    up_once.failed("refused")  # a server lost after it was up is retried for ever
+    assert up_once.snapshot()["state"] == "down"
+
+
+async def test_supervisors__only_bounded_ones_give_up_and_snapshot_names_each() -> None:
+    sups = Supervisors(backoff=FAST, give_up_after_s=0.01)
+    bounded = sups.add("database", bounded=True)
+    unbounded = sups.add("listener")
+    assert bounded.give_up_after_s == 0.01
+    assert unbounded.give_up_after_s is None
+    sups.discard("listener")
+    assert set(sups.snapshot()) == {"database"}
