@@ -18,6 +18,7 @@ from relay.ops import logs
 from relay.settings import Settings
 
 EXIT_OK = 0
+EXIT_PENDING = 1  # `relay migrate --check`: migrations (or a notify mode change) are pending
 EXIT_USER_ERROR = 2
 EXIT_NOT_FOUND = 3
 
@@ -87,14 +88,24 @@ def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    """Apply the schema."""
-    from relay.pg.migrate import migrate
+    """Apply the schema (or, with --check / --dry-run, only say what is pending)."""
+    from relay.pg.migrate import migrate, plan
     from relay.pg.store import connect, table_names
+
+    # RELAY_NOTIFY given (environment, .env or secret file): install it; else keep the
+    # installed mode, so a routine migrate on every deploy never changes it.
+    requested = settings.notify if "notify" in settings.model_fields_set else None
 
     async def main() -> int:
         conn = await connect(settings, "migrate")
         try:
-            applied = await migrate(conn, table_names(settings), settings.notify)
+            todo = await plan(conn, table_names(settings), requested)
+            if args.check or args.dry_run:
+                print(f"{settings.table}: {todo.describe()}")
+                if args.dry_run and args.roles:
+                    print(f"roles: would grant {args.producer_role} and {args.relay_role}")
+                return EXIT_PENDING if args.check and not todo.up_to_date else EXIT_OK
+            applied = await migrate(conn, table_names(settings), requested)
             if args.roles:
                 from relay.pg.roles import apply_roles
 
@@ -104,9 +115,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
         print(f"migrated {settings.table}: "
               + (", ".join(applied) if applied else "already up to date")
-              + f" (notify trigger: {settings.notify.value})")
+              + f" (notify trigger: {todo.notify.value}"
+              + (")" if todo.notify_changes or todo.installed_notify is None else ", kept)"))
         if args.roles:
-            print(f"roles: {args.producer_role} (INSERT only), {args.relay_role} (relay)")
+            print(f"roles: {args.producer_role} (INSERT of the producer columns only), "
+                  f"{args.relay_role} (relay)")
         return EXIT_OK
 
     return _run_async(main)
@@ -329,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     mig = add("migrate", cmd_migrate, "create or upgrade the outbox table and its trigger")
+    mig.add_argument("--check", action="store_true",
+                     help="change nothing; exit 1 when migrations are pending (init containers)")
+    mig.add_argument("--dry-run", action="store_true",
+                     help="change nothing; print what would be applied")
     mig.add_argument("--roles", action="store_true",
                      help="also create/grant the least-privilege roles of sql/roles.sql")
     mig.add_argument("--producer-role", default="outbox_producer", metavar="NAME",

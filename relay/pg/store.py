@@ -17,6 +17,7 @@ from relay import dsn
 from relay.errors import DatabaseError, SchemaError
 from relay.interfaces import ClaimOptions, OutboxRow, Settlement
 from relay.pg.queries import Queries, TableNames
+from relay.pg.schema import require_current
 from relay.settings import OnSuccess, Settings, redact_url
 
 DB_ERRORS: tuple[type[BaseException], ...] = (
@@ -166,9 +167,15 @@ class Outbox:
                      ClaimOptions.from_settings(settings))
         try:
             exists = await pool.fetchval(outbox.q["table_exists"])
+            if exists:
+                async with pool.acquire() as conn:
+                    await require_current(conn, outbox.q, settings.table)
         except DB_ERRORS as exc:
             await pool.close()
             raise DatabaseError(f"checking the outbox table failed: {exc}") from exc
+        except SchemaError:
+            await pool.close()
+            raise
         if not exists:
             await pool.close()
             raise SchemaError(f"table {settings.table} does not exist: run `relay migrate` first")
