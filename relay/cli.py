@@ -60,18 +60,24 @@ def secrets_dir() -> str | None:
 
 
 def load_settings() -> Settings:
-    """Read settings; a bad value raises ConfigError naming the variable."""
+    """Read settings; an unknown variable or a bad value raises ConfigError naming it."""
+    from relay.config import check_variables
+    from relay.errors import ConfigError
+
+    check_variables()
     try:
         # _secrets_dir is BaseSettings' run-time override; mypy only sees the model's fields.
         return Settings(_secrets_dir=secrets_dir())  # type: ignore[call-arg]
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = str(err["loc"][0]) if err["loc"] else "?"
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if not err["loc"]:  # a check across fields names them itself
+                problems.append(message)
+                continue
+            field = str(err["loc"][0])
             got = "" if field in _SECRET_FIELDS else f" (got {err.get('input')!r})"
-            problems.append(f"RELAY_{field.upper()}: {err['msg']}{got}")
-        from relay.errors import ConfigError
-
+            problems.append(f"RELAY_{field.upper()}: {message}{got}")
         raise ConfigError("invalid setting: " + "; ".join(problems)) from None
 
 
@@ -178,6 +184,19 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
 
     return _run_async(main)
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the effective configuration, secrets redacted."""
+    from relay.config import effective, version
+
+    rows = effective(settings)
+    if args.json:
+        print(json.dumps({"version": version(),
+                          "settings": {r["variable"]: r["value"] for r in rows}}))
+        return EXIT_OK
+    _print_table(rows, ["variable", "value", "source"], width=80)
+    return EXIT_OK
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
@@ -332,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=fmt,
     )
+    from relay.config import version
+
+    parser.add_argument("--version", action="version", version=f"relay {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, handler: Callable[[argparse.Namespace, Settings], int],
@@ -359,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
     status = add("status", cmd_status, "show the backlog, dead letters and table health")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    config = add("config", cmd_config,
+                  "print the effective configuration (secrets redacted) and where each came from")
+    config.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tail = add("tail", cmd_tail, "print messages arriving on an exchange (a throwaway queue)")
     tail.add_argument("exchange", help="exchange to bind to, e.g. amq.topic")
     tail.add_argument("binding_key", nargs="?", default="#", help="binding key (default #)")
