@@ -19,6 +19,7 @@ from relay.settings import Settings
 from relay.supervise import GaveUp
 
 EXIT_OK = 0
+EXIT_PENDING = 1  # `relay migrate --check`: migrations (or a notify mode change) are pending
 EXIT_USER_ERROR = 2
 EXIT_NOT_FOUND = 3
 EXIT_GAVE_UP = 75  # EX_TEMPFAIL: a server stayed away past RELAY_STARTUP_TIMEOUT_S; retry later
@@ -61,18 +62,24 @@ def secrets_dir() -> str | None:
 
 
 def load_settings() -> Settings:
-    """Read settings; a bad value raises ConfigError naming the variable."""
+    """Read settings; an unknown variable or a bad value raises ConfigError naming it."""
+    from relay.config import check_variables
+    from relay.errors import ConfigError
+
+    check_variables()
     try:
         # _secrets_dir is BaseSettings' run-time override; mypy only sees the model's fields.
         return Settings(_secrets_dir=secrets_dir())  # type: ignore[call-arg]
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = str(err["loc"][0]) if err["loc"] else "?"
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if not err["loc"]:  # a check across fields names them itself
+                problems.append(message)
+                continue
+            field = str(err["loc"][0])
             got = "" if field in _SECRET_FIELDS else f" (got {err.get('input')!r})"
-            problems.append(f"RELAY_{field.upper()}: {err['msg']}{got}")
-        from relay.errors import ConfigError
-
+            problems.append(f"RELAY_{field.upper()}: {message}{got}")
         raise ConfigError("invalid setting: " + "; ".join(problems)) from None
 
 
@@ -89,15 +96,25 @@ def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    """Apply the schema."""
+    """Apply the schema (or, with --check / --dry-run, only say what is pending)."""
     from relay.app import connect_when_up
-    from relay.pg.migrate import migrate
+    from relay.pg.migrate import migrate, plan
     from relay.pg.store import table_names
+
+    # RELAY_NOTIFY given (environment, .env or secret file): install it; else keep the
+    # installed mode, so a routine migrate on every deploy never changes it.
+    requested = settings.notify if "notify" in settings.model_fields_set else None
 
     async def main() -> int:
         conn = await connect_when_up(settings, "migrate")
         try:
-            applied = await migrate(conn, table_names(settings), settings.notify)
+            todo = await plan(conn, table_names(settings), requested)
+            if args.check or args.dry_run:
+                print(f"{settings.table}: {todo.describe()}")
+                if args.dry_run and args.roles:
+                    print(f"roles: would grant {args.producer_role} and {args.relay_role}")
+                return EXIT_PENDING if args.check and not todo.up_to_date else EXIT_OK
+            applied = await migrate(conn, table_names(settings), requested)
             if args.roles:
                 from relay.pg.roles import apply_roles
 
@@ -107,9 +124,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
         print(f"migrated {settings.table}: "
               + (", ".join(applied) if applied else "already up to date")
-              + f" (notify trigger: {settings.notify.value})")
+              + f" (notify trigger: {todo.notify.value}"
+              + (")" if todo.notify_changes or todo.installed_notify is None else ", kept)"))
         if args.roles:
-            print(f"roles: {args.producer_role} (INSERT only), {args.relay_role} (relay)")
+            print(f"roles: {args.producer_role} (INSERT of the producer columns only), "
+                  f"{args.relay_role} (relay)")
         return EXIT_OK
 
     return _run_async(main)
@@ -168,6 +187,19 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
 
     return _run_async(main)
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the effective configuration, secrets redacted."""
+    from relay.config import effective, version
+
+    rows = effective(settings)
+    if args.json:
+        print(json.dumps({"version": version(),
+                          "settings": {r["variable"]: r["value"] for r in rows}}))
+        return EXIT_OK
+    _print_table(rows, ["variable", "value", "source"], width=80)
+    return EXIT_OK
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
@@ -322,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=fmt,
     )
+    from relay.config import version
+
+    parser.add_argument("--version", action="version", version=f"relay {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, handler: Callable[[argparse.Namespace, Settings], int],
@@ -332,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     mig = add("migrate", cmd_migrate, "create or upgrade the outbox table and its trigger")
+    mig.add_argument("--check", action="store_true",
+                     help="change nothing; exit 1 when migrations are pending (init containers)")
+    mig.add_argument("--dry-run", action="store_true",
+                     help="change nothing; print what would be applied")
     mig.add_argument("--roles", action="store_true",
                      help="also create/grant the least-privilege roles of sql/roles.sql")
     mig.add_argument("--producer-role", default="outbox_producer", metavar="NAME",
@@ -345,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
     status = add("status", cmd_status, "show the backlog, dead letters and table health")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    config = add("config", cmd_config,
+                  "print the effective configuration (secrets redacted) and where each came from")
+    config.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tail = add("tail", cmd_tail, "print messages arriving on an exchange (a throwaway queue)")
     tail.add_argument("exchange", help="exchange to bind to, e.g. amq.topic")
     tail.add_argument("binding_key", nargs="?", default="#", help="binding key (default #)")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from typing import Annotated, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
@@ -250,6 +250,35 @@ class Settings(BaseSettings):
             raise ValueError("must be json, console or auto")
         return value.lower()
 
+    # ---- ops: validation of connection strings and of settings that depend on each other
+
+    @field_validator("pg_dsn")
+    @classmethod
+    def _pg_dsn_parses(cls, value: str | None) -> str | None:
+        if value:
+            from relay import dsn
+
+            try:
+                dsn.parse(value).check_supported()
+            except dsn.DsnError as exc:
+                raise ValueError(str(exc).removeprefix("RELAY_PG_DSN: ")) from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        pairs = [
+            ("retry_base_s", "retry_max_s"),
+            ("poll_min_interval_s", "poll_interval_s"),
+            ("awake_poll_interval_s", "poll_interval_s"),
+        ]
+        for low, high in pairs:
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(
+                    f"RELAY_{low.upper()} ({getattr(self, low):g}) must not exceed "
+                    f"RELAY_{high.upper()} ({getattr(self, high):g})"
+                )
+        return self
+
     @property
     def table_schema(self) -> str | None:
         """The schema part of `table`, or None for the search path."""
@@ -266,15 +295,7 @@ class Settings(BaseSettings):
 
 
 def redact_url(url: str | None) -> str:
-    """Return a URL or libpq DSN with any password replaced by ***."""
-    if not url:
-        return "<libpq defaults>"
-    if "://" in url:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", url)
-        netloc = parts.netloc.rsplit("@", 1)
-        user = netloc[0].split(":", 1)[0]
-        redacted = parts._replace(netloc=f"{user}:***@{netloc[1]}")
-        return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", urlunsplit(redacted))
-    return re.sub(r"(?i)(password\s*=\s*)('[^']*'|\S+)", r"\1***", url)
+    """Return a URL or libpq DSN with any password replaced by ***, whatever its characters."""
+    from relay import dsn
+
+    return dsn.redact_any(url)

@@ -14,6 +14,9 @@ CREATE TABLE IF NOT EXISTS {migrations} (
     PRIMARY KEY (target, version)
 )
 
+-- name: migrations_table_exists
+SELECT to_regclass('{migrations}') IS NOT NULL
+
 -- name: applied_migrations
 SELECT version FROM {migrations} WHERE target = $1
 

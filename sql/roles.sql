@@ -38,6 +38,8 @@ GRANT INSERT ON {table} TO {producer_role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {dead} TO {relay_role};
 GRANT SELECT, INSERT, DELETE ON {archive} TO {relay_role};
+-- `relay run` refuses a schema older than it needs: it reads which migrations are applied.
+GRANT SELECT ON {migrations} TO {relay_role};
 
 -- The seq identity's sequence: producers draw from it on INSERT; replay draws from it too.
 DO $$

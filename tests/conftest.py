@@ -10,6 +10,7 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
+import structlog
 
 from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
@@ -19,6 +20,14 @@ from tests.helpers import Consumer, Env, RelayProcess, with_database
 from tests.servers.rabbitmq_node import RabbitNode
 
 RUN_ID = secrets.token_hex(3)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> Iterator[None]:
+    """A test that runs the CLI configures structlog onto pytest's captured stdout, which is
+    closed after that test: give every later test the default configuration back."""
+    yield
+    structlog.reset_defaults()
 _counter = iter(range(1, 1_000_000))
 
 

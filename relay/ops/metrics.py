@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from relay.config import build_labels
 from relay.errors import RelayError
 from relay.interfaces import OutboxRow, PublishResult, Settlement
 
@@ -167,6 +168,8 @@ class RelayMetrics:
             "Unix time the relay loop last woke up or settled a batch.", registry=r,
         )
         self.last_batch_at = 0.0  # time.monotonic() of the last settled batch
+        # Which build runs: relay_build_info{version,python} 1, for dashboards and rollouts.
+        Info("relay_build", "The relay's version and Python.", registry=r).info(build_labels())
 
     def watch_connections(
         self,

@@ -1,50 +1,104 @@
-"""`relay migrate`: versioned SQL from sql/migrations, serialised by an advisory lock."""
+"""`relay migrate`: versioned SQL from sql/migrations, serialised by an advisory lock.
+
+Safe on every deploy: applying is idempotent, concurrent runs wait for each other, and the
+installed notify mode is kept unless one is asked for explicitly.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
-from relay.pg.queries import Queries, TableNames, sql_dir
+from relay.pg.queries import Queries, TableNames
+from relay.pg.schema import (
+    applied_versions,
+    installed_notify_mode,
+    migration_files,
+    target_of,
+)
 from relay.pg.store import DB_ERRORS
 from relay.settings import NotifyMode
 
 log = structlog.get_logger("relay.pg.migrate")
 
+__all__ = ["Plan", "migrate", "migration_files", "plan"]
 
-def migration_files() -> list[Path]:
-    """The versioned migrations in apply order (file names sort by version)."""
-    return sorted((sql_dir() / "migrations").glob("*.sql"))
+DEFAULT_NOTIFY = NotifyMode.CONDITIONAL
 
 
-async def migrate(conn: asyncpg.Connection, names: TableNames, notify: NotifyMode) -> list[str]:
-    """Apply pending migrations and install the trigger for `notify`; return versions applied.
+@dataclass
+class Plan:
+    """What `relay migrate` would do to one table."""
 
-    One transaction holds a transaction-level advisory lock, so concurrent runs wait for each
-    other and the second finds nothing left to do.
+    pending: list[str] = field(default_factory=list)
+    installed_notify: NotifyMode | None = None  # None: no relay schema on the table yet
+    notify: NotifyMode = DEFAULT_NOTIFY
+
+    @property
+    def notify_changes(self) -> bool:
+        """The trigger mode differs from the installed one (or none is installed yet)."""
+        return self.installed_notify is not self.notify
+
+    @property
+    def up_to_date(self) -> bool:
+        """Nothing to apply and the trigger mode stays."""
+        return not self.pending and not self.notify_changes
+
+    def describe(self) -> str:
+        """One line for people: versions to apply and the trigger mode."""
+        versions = ", ".join(self.pending) if self.pending else "none pending"
+        if self.installed_notify is None:
+            trigger = f"notify trigger: {self.notify.value} (new)"
+        elif self.notify_changes:
+            trigger = f"notify trigger: {self.installed_notify.value} -> {self.notify.value}"
+        else:
+            trigger = f"notify trigger: {self.notify.value} (kept)"
+        return f"migrations: {versions}; {trigger}"
+
+
+async def plan(conn: asyncpg.Connection, names: TableNames,
+               requested: NotifyMode | None) -> Plan:
+    """What migrate would do; `requested` None keeps the installed notify mode."""
+    q = Queries(names)
+    done = await applied_versions(conn, q)
+    pending = [p.stem for p in migration_files() if p.stem not in done]
+    # A table of the classic shape has a trigger-less past, not a chosen mode "off".
+    installed = await installed_notify_mode(conn, q) if done else None
+    chosen = requested or installed or DEFAULT_NOTIFY
+    return Plan(pending, installed, chosen)
+
+
+async def migrate(conn: asyncpg.Connection, names: TableNames,
+                  notify: NotifyMode | None = None) -> list[str]:
+    """Apply pending migrations and install the trigger; return the versions applied.
+
+    `notify` None keeps the mode installed on the table (the default for a new table is
+    conditional). One transaction holds a transaction-level advisory lock, so concurrent runs
+    wait for each other and the second finds nothing left to do.
     """
     q = Queries(names)
-    target = names.placeholders()["table_literal"].strip("'")
+    target = target_of(names)
     applied_now: list[str] = []
     try:
         async with conn.transaction():
             await conn.execute(q["migration_lock"])
+            todo = await plan(conn, names, notify)
             await conn.execute(q["create_migrations_table"])
-            done = {r["version"] for r in await conn.fetch(q["applied_migrations"], target)}
             for path in migration_files():
                 version = path.stem
-                if version in done:
+                if version not in todo.pending:
                     continue
                 await conn.execute(names.render(path.read_text(encoding="utf-8")))
                 await conn.execute(q["record_migration"], target, version)
                 applied_now.append(version)
                 log.info("migration_applied", version=version, table=target)
-            await conn.execute(q[f"install_trigger_{notify.value}"])
-            if notify is not NotifyMode.OFF:
-                await conn.execute(q["mark_notify_mode"].replace("{notify_mode}", notify.value))
+            await conn.execute(q[f"install_trigger_{todo.notify.value}"])
+            if todo.notify is not NotifyMode.OFF:
+                await conn.execute(
+                    q["mark_notify_mode"].replace("{notify_mode}", todo.notify.value))
             # Relays follow the installed mode: wake them (at commit) so they re-read it.
             await conn.execute(q["announce_notify_mode"])
     except DB_ERRORS as exc:

@@ -13,9 +13,11 @@ from typing import Any
 
 import asyncpg
 
+from relay import dsn
 from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
 from relay.interfaces import ClaimOptions, OutboxRow, Settlement
 from relay.pg.queries import Queries, TableNames, raw_queries
+from relay.pg.schema import require_current
 from relay.settings import OnSuccess, Settings, redact_url
 
 DB_ERRORS: tuple[type[BaseException], ...] = (
@@ -44,7 +46,6 @@ logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
 # A pooled connection proxy or a plain connection: both run queries the same way.
 Conn = Any
 
-_LIBPQ_KEYS = {"dbname": "database", "sslmode": "ssl", "connect_timeout": None}
 
 
 def table_names(settings: Settings) -> TableNames:
@@ -52,37 +53,23 @@ def table_names(settings: Settings) -> TableNames:
     return TableNames(settings.table_schema, settings.table_name, settings.notify_channel)
 
 
-def _parse_keyword_dsn(dsn: str) -> dict[str, Any]:
-    """libpq `key=value` DSNs (asyncpg only reads URLs) -> asyncpg connect() arguments."""
-    out: dict[str, Any] = {}
-    for token in dsn.split():
-        if "=" not in token:
-            raise DatabaseError(f"RELAY_PG_DSN: cannot parse {token!r} (expected key=value)")
-        key, value = token.split("=", 1)
-        mapped = _LIBPQ_KEYS.get(key, key)
-        if mapped is not None:
-            out[mapped] = value.strip("'")
-    return out
-
-
 def connect_args(settings: Settings, role: str) -> dict[str, Any]:
     """asyncpg.connect() arguments: DSN, application_name, keepalives, transaction bounds."""
-    args: dict[str, Any] = {}
-    if settings.pg_dsn and "://" in settings.pg_dsn:
-        args["dsn"] = settings.pg_dsn
-    elif settings.pg_dsn:
-        args.update(_parse_keyword_dsn(settings.pg_dsn))
+    # One libpq parser (relay/dsn.py) for both DSN forms; PG* variables fill what is absent.
+    args: dict[str, Any] = dsn.parse(settings.pg_dsn).asyncpg_args() if settings.pg_dsn else {}
+    from_dsn = args.pop("server_settings", {})
     app_name = f"outbox-relay {role} {socket.gethostname()} {os.getpid()}"[:63]
     # A relay cut off mid-batch must not hold its rows locked much longer than a batch may take.
     idle_ms = int((settings.publish_timeout_s + 10) * 1000)
     args["server_settings"] = {
+        **from_dsn,  # options=-c ... from the DSN; the relay names its sessions itself
         "application_name": app_name,
         "idle_in_transaction_session_timeout": str(idle_ms),
         "tcp_keepalives_idle": "10",
         "tcp_keepalives_interval": "5",
         "tcp_keepalives_count": "3",
     }
-    args["timeout"] = 10
+    args.setdefault("timeout", 10)
     args["command_timeout"] = max(30.0, settings.publish_timeout_s * 2)
     return args
 
@@ -228,10 +215,16 @@ class Outbox:
                      ClaimOptions.from_settings(settings))
         try:
             exists = await pool.fetchval(outbox.q["table_exists"])
+            if exists:
+                async with pool.acquire() as conn:
+                    await require_current(conn, outbox.q, settings.table)
         except DB_ERRORS as exc:
             await pool.close()
             kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
             raise kind(f"checking the outbox table failed: {exc}") from exc
+        except SchemaError:
+            await pool.close()
+            raise
         if not exists:
             await pool.close()
             raise SchemaError(f"table {settings.table} does not exist: run `relay migrate` first")

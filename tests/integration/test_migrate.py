@@ -1,0 +1,104 @@
+"""`relay migrate` on every deploy: the notify mode stays, --check and --dry-run change
+nothing, and `relay run` refuses a schema older than it needs."""
+
+from __future__ import annotations
+
+import subprocess
+
+import asyncpg
+
+from tests.helpers import RELAY_BIN, Env
+
+
+def _env(pg_dsn: str, amqp_url: str) -> Env:
+    return Env(pg_dsn=pg_dsn, amqp_url=amqp_url, exchange="unused", queue="unused")
+
+
+def relay(env: Env, *args: str, **settings: object) -> subprocess.CompletedProcess[str]:
+    """Run one `relay` command to completion."""
+    return subprocess.run(
+        [RELAY_BIN, *args], env=env.relay_env(**settings), capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+
+
+async def _installed_mode(dsn: str) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return str(await conn.fetchval(
+            "SELECT COALESCE((SELECT substring(obj_description(t.oid, 'pg_trigger') "
+            "FROM 'notify mode: (\\w+)') FROM pg_trigger t "
+            "WHERE t.tgname = 'queue_message_notify'), 'off')"))
+    finally:
+        await conn.close()
+
+
+async def test_migrate__keeps_the_installed_notify_mode_unless_relay_notify_is_given(
+    empty_db: str, amqp_url: str
+) -> None:
+    env = _env(empty_db, amqp_url)
+    first = relay(env, "migrate", notify="off")
+    assert first.returncode == 0, first.stderr
+    assert await _installed_mode(empty_db) == "off"
+    routine = relay(env, "migrate")  # what every rollout's migrate Job runs
+    assert routine.returncode == 0, routine.stderr
+    assert "already up to date (notify trigger: off, kept)" in routine.stdout
+    assert await _installed_mode(empty_db) == "off"
+    explicit = relay(env, "migrate", notify="always")
+    assert explicit.returncode == 0, explicit.stderr
+    assert await _installed_mode(empty_db) == "always"
+    assert relay(env, "migrate").returncode == 0
+    assert await _installed_mode(empty_db) == "always"
+
+
+async def test_migrate__a_new_table_gets_the_conditional_mode_by_default(
+    empty_db: str, amqp_url: str
+) -> None:
+    done = relay(_env(empty_db, amqp_url), "migrate")
+    assert done.returncode == 0, done.stderr
+    assert await _installed_mode(empty_db) == "conditional"
+
+
+async def test_migrate_check__exits_1_while_pending_and_0_once_applied(
+    empty_db: str, amqp_url: str
+) -> None:
+    env = _env(empty_db, amqp_url)
+    check = relay(env, "migrate", "--check")
+    assert check.returncode == 1, check.stderr
+    assert "0001_outbox" in check.stdout
+    dry = relay(env, "migrate", "--dry-run", "--roles")
+    assert dry.returncode == 0, dry.stderr
+    assert "0001_outbox" in dry.stdout
+    assert "would grant" in dry.stdout
+    conn = await asyncpg.connect(empty_db)
+    try:  # neither changed anything
+        assert await conn.fetchval("SELECT to_regclass('queue_message')") is None
+        assert await conn.fetchval("SELECT to_regclass('relay_migrations')") is None
+    finally:
+        await conn.close()
+    assert relay(env, "migrate").returncode == 0
+    after = relay(env, "migrate", "--check")
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "none pending" in after.stdout
+    # Asking for another mode is pending work too.
+    assert relay(env, "migrate", "--check", notify="off").returncode == 1
+
+
+async def test_run__refuses_a_schema_older_than_it_needs_and_names_the_fix(
+    db: str, amqp_url: str
+) -> None:
+    conn = await asyncpg.connect(db)
+    try:
+        latest = await conn.fetchval("SELECT max(version) FROM relay_migrations")
+        await conn.execute("DELETE FROM relay_migrations WHERE version = $1", latest)
+    finally:
+        await conn.close()
+    env = _env(db, amqp_url)
+    for command in ("run", "status"):
+        done = relay(env, command)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert latest in done.stderr
+        assert "run `relay migrate`" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert relay(env, "migrate").returncode == 0
+    assert relay(env, "status").returncode == 0
