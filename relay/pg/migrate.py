@@ -85,8 +85,11 @@ async def migrate(conn: asyncpg.Connection, names: TableNames,
     try:
         async with conn.transaction():
             await conn.execute(q["migration_lock"])
-            todo = await plan(conn, names, notify)
+            # Before any look-up: a DDL statement makes this backend read the catalog changes
+            # that the run we waited for committed. to_regclass() alone takes no lock and may
+            # answer from a stale catalog cache ("no migrations table"), applying all again.
             await conn.execute(q["create_migrations_table"])
+            todo = await plan(conn, names, notify)
             for path in migration_files():
                 version = path.stem
                 if version not in todo.pending:
