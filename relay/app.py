@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import ssl
 from typing import TYPE_CHECKING
 
 import structlog
 
 from relay.amqp.bulk import BulkPublisher
 from relay.amqp.publisher import AmqpPublisher
-from relay.errors import BrokerError, DatabaseUnavailable
+from relay.errors import BrokerError, ConfigError, DatabaseUnavailable
 from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
 from relay.loop.worker import Worker, WorkerConfig
@@ -86,6 +87,31 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
         await leadership.close()
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception, its causes and contexts, and exceptions carried in their args."""
+    seen: list[BaseException] = []
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < 20:
+        current = todo.pop()
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        todo += [a for a in current.args if isinstance(a, BaseException)]
+    return seen
+
+
+def _tls_refused(exc: BrokerError) -> bool:
+    return any(isinstance(e, ssl.SSLCertVerificationError) for e in _causes(exc))
+
+
+def _auth_refused(exc: BrokerError) -> bool:
+    cause = exc.__cause__
+    return type(cause).__name__ in {"AuthenticationError", "ProbableAuthenticationError"} or (
+        "ACCESS_REFUSED" in str(cause)
+    )
+
+
 async def _open_servers(
     settings: Settings, supervisors: Supervisors
 ) -> tuple[Outbox, AmqpPublisher]:
@@ -100,8 +126,19 @@ async def _open_servers(
         reconnect_max_s=settings.reconnect_max_s,
     )
     broker = supervisors.add("broker", describe=redact_url(settings.amqp_url), bounded=True)
+
+    async def connect_broker() -> None:
+        try:
+            await publisher.connect()
+        except BrokerError as exc:
+            # A certificate the CA file does not vouch for, or credentials the broker refuses,
+            # will not change by waiting: a configuration error, not an absent server.
+            if _tls_refused(exc) or _auth_refused(exc):
+                raise ConfigError(f"RELAY_AMQP_URL: {exc}") from exc
+            raise
+
     try:
-        await broker.establish(publisher.connect, retry_on=(BrokerError,))
+        await broker.establish(connect_broker, retry_on=(BrokerError,))
     except BaseException:
         await outbox.close()
         raise

@@ -18,7 +18,10 @@ CREATE TABLE IF NOT EXISTS {migrations} (
 SELECT to_regclass('{migrations}') IS NOT NULL
 
 -- name: applied_migrations
-SELECT version FROM {migrations} WHERE target = $1
+-- By the table each record names, not its spelling: `queue_message` and
+-- `public.queue_message` are one table with one schema history.
+SELECT version FROM {migrations}
+WHERE target = $1 OR to_regclass(target) = to_regclass($1)
 
 -- name: record_migration
 INSERT INTO {migrations} (target, version) VALUES ($1, $2)

@@ -102,3 +102,13 @@ async def test_run__refuses_a_schema_older_than_it_needs_and_names_the_fix(
         assert "Traceback" not in done.stderr
     assert relay(env, "migrate").returncode == 0
     assert relay(env, "status").returncode == 0
+
+
+async def test_migrate__schema_history_follows_the_table_not_the_spelling_of_relay_table(
+    empty_db: str, amqp_url: str
+) -> None:
+    env = _env(empty_db, amqp_url)
+    assert relay(env, "migrate").returncode == 0
+    qualified = relay(env, "migrate", "--check", table="public.queue_message")
+    assert qualified.returncode == 0, qualified.stdout + qualified.stderr
+    assert "none pending" in qualified.stdout

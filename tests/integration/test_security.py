@@ -162,10 +162,10 @@ async def test_secrets__no_password_in_logs_errors_status_or_metrics(
     failures = [
         relay_cmd(env, "status", pg_dsn=as_user(env.pg_dsn, "postgres", password)
                   .rsplit("/", 1)[0] + "/no_such_db_here"),
-        relay_cmd(env, "run", pg_dsn=dsn,
+        relay_cmd(env, "run", pg_dsn=dsn, startup_timeout_s=2,
                   amqp_url=f"amqp://guest:{password}@127.0.0.1:{free_port()}/"),
         relay_cmd(env, "run", pg_dsn=dsn, amqp_url=f"http://guest:{password}@127.0.0.1/"),
-        relay_cmd(env, "migrate", pg_dsn=f"host=127.0.0.1 port={free_port()} "
+        relay_cmd(env, "migrate", startup_timeout_s=2, pg_dsn=f"host=127.0.0.1 port={free_port()} "
                   f"user=postgres password={password} dbname=x"),
     ]
     for done in failures:
