@@ -398,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `relay` console script."""
     args = build_parser().parse_args(argv)
+    logs.configure_early(os.environ.get("RELAY_LOG_FORMAT"))
     try:
         settings = load_settings()
         logs.configure(settings.log_level, settings.log_format)
@@ -406,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"relay: gave up waiting: {exc}", file=sys.stderr)
         return EXIT_GAVE_UP
     except RelayError as exc:
-        print(f"relay: {exc}", file=sys.stderr)
+        logs.fatal(str(exc), EXIT_USER_ERROR)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return EXIT_OK
