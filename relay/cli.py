@@ -198,7 +198,9 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"version": version(),
                           "settings": {r["variable"]: r["value"] for r in rows}}))
         return EXIT_OK
-    _print_table(rows, ["variable", "value", "source"], width=80)
+    from relay.ops.console import print_table
+
+    print_table(rows, ["variable", "value", "source"], width=80)
     return EXIT_OK
 
 
@@ -213,7 +215,7 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     return _run_async(main)
 
 
-def _with_dead_letters(
+def with_dead_letters(
     settings: Settings,
     work: Callable[[Any], Coroutine[Any, Any, int]],
 ) -> int:
@@ -254,91 +256,6 @@ def cmd_health(args: argparse.Namespace, settings: Settings) -> int:
     except OSError as exc:
         print(f"relay: {url} does not answer: {exc}", file=sys.stderr)
         return 1
-
-
-def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], width: int) -> None:
-    cells = [[str(r[c]) if r[c] is not None else "" for c in columns] for r in rows]
-    cells = [[v if len(v) <= width else v[: width - 1] + "…" for v in row] for row in cells]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-def cmd_dead(args: argparse.Namespace, settings: Settings) -> int:
-    """`relay dead list|show|replay|purge`."""
-    from relay.pg.deadletters import UsageError, parse_duration_s
-
-    async def work(dl: Any) -> int:
-        if args.action == "list":
-            rows = await dl.listing(limit=args.limit, reason=args.reason)
-            if args.json:
-                print(json.dumps(rows, default=str))
-            elif rows:
-                cols = ["id", "dead_at", "attempts", "exchange", "routing_key", "reason"]
-                _print_table(rows, cols, width=60)
-            else:
-                print("no dead letters")
-            return EXIT_OK
-        if args.action == "show":
-            row = await dl.show(args.id)
-            if row is None:
-                print(f"relay: no dead letter with id {args.id}", file=sys.stderr)
-                return EXIT_NOT_FOUND
-            print(json.dumps(row, default=str, indent=2))
-            return EXIT_OK
-        if args.action == "replay":
-            if not (args.ids or args.all or args.reason):
-                raise UsageError("replay what? give IDs, --all or --reason TEXT")
-            result = await dl.replay(ids=args.ids or None, reason=args.reason)
-            print(f"replayed {len(result.replayed)} dead letter(s) into {settings.table}")
-            for row_id, why in result.left:
-                print(f"left {row_id}: {why}")
-            return EXIT_OK
-        older = None if args.older_than is None else parse_duration_s(args.older_than)
-        n = await dl.purge(older_than_s=older)
-        print(f"purged {n} dead letter(s)")
-        return EXIT_OK
-
-    return _with_dead_letters(settings, work)
-
-
-def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
-    """`relay prune --older-than 7d`: delete old archived rows in bounded batches."""
-    from relay.pg.deadletters import parse_duration_s
-
-    older = parse_duration_s(args.older_than)
-
-    async def work(dl: Any) -> int:
-        n = await dl.prune_archive(older_than_s=older, batch_rows=args.batch_rows)
-        print(f"pruned {n} archived row(s) published more than {args.older_than} ago")
-        return EXIT_OK
-
-    return _with_dead_letters(settings, work)
-
-
-def add_failure_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    """The dead-letter and retention sub-commands."""
-    dead = add("dead", cmd_dead, "list, show, replay or purge dead letters (<table>_dead)")
-    actions = dead.add_subparsers(dest="action", metavar="ACTION", required=True)
-    p = actions.add_parser("list", help="dead letters, oldest first")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    p.add_argument("--reason", help="only those whose reason contains TEXT (case-insensitive)")
-    p = actions.add_parser("show", help="every column of one dead letter, as JSON")
-    p.add_argument("id")
-    p = actions.add_parser(
-        "replay", help="move dead letters back into the outbox (same id, attempts reset)"
-    )
-    p.add_argument("ids", nargs="*", metavar="ID")
-    p.add_argument("--all", action="store_true", help="replay every dead letter")
-    p.add_argument("--reason", help="replay those whose reason contains TEXT")
-    p = actions.add_parser("purge", help="delete dead letters")
-    p.add_argument("--older-than", help="only those dead for longer than this (7d, 12h, 30m)")
-    prune = add("prune", cmd_prune, "delete archived rows (RELAY_ON_SUCCESS=archive) by age")
-    prune.add_argument("--older-than", required=True, help="age of published rows (7d, 12h)")
-    prune.add_argument("--batch-rows", type=int, default=10_000,
-                       help="rows deleted per transaction (default 10000)")
 
 
 # ---------------------------------------------------------------------- parser
@@ -391,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("exchange", help="exchange to bind to, e.g. amq.topic")
     tail.add_argument("binding_key", nargs="?", default="#", help="binding key (default #)")
     tail.add_argument("--count", type=int, default=None, help="exit after N messages")
-    add_failure_commands(add)
+    from relay.cli_dead import add_failure_commands
+
+    add_failure_commands(add, with_dead_letters)
     return parser
 
 
