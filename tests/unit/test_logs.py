@@ -33,13 +33,13 @@ def test_logs__stdlib_records_of_libraries_come_out_as_json_events(
 ) -> None:
     logs.configure("info", "json")
     structlog.get_logger("relay.test").info("batch_published", count=500)
-    logging.getLogger("aiormq.connection").error("Unexpected connection close from remote")
+    logging.getLogger("aiormq.channel").error("Unexpected connection close from remote")
     logging.getLogger("asyncpg.connection").warning("pool %s is closing", "p1")
     logging.getLogger("asyncio").error("Task exception was never retrieved")
     try:
         raise ValueError("boom")
     except ValueError:
-        logging.getLogger("aio_pika.robust_connection").exception("reconnect failed")
+        logging.getLogger("aio_pika.channel").exception("reconnect failed")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.warn("deprecated thing", DeprecationWarning, stacklevel=1)
@@ -49,7 +49,7 @@ def test_logs__stdlib_records_of_libraries_come_out_as_json_events(
     by_event = {e["event"]: e for e in events}
     assert by_event["batch_published"]["count"] == 500
     assert by_event["batch_published"]["logger"] == "relay.test"
-    assert by_event["Unexpected connection close from remote"]["logger"] == "aiormq.connection"
+    assert by_event["Unexpected connection close from remote"]["logger"] == "aiormq.channel"
     assert by_event["pool p1 is closing"]["level"] == "warning"
     assert "Task exception was never retrieved" in by_event
     assert "ValueError: boom" in str(by_event["reconnect failed"]["exception"])
