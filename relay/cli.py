@@ -145,50 +145,6 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return _run_async(main)
 
 
-def _human(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
-
-
-def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    """Print the backlog."""
-    from relay.pg.store import Outbox
-
-    async def main() -> int:
-        outbox = await Outbox.open(settings, size=1)
-        try:
-            status: dict[str, Any] = await outbox.backlog()
-            status["relays"] = await outbox.relay_sessions()
-        finally:
-            await outbox.close()
-        status = {"table": settings.table, **status}
-        if args.json:
-            print(json.dumps(status, default=str))
-        else:
-            rows = [
-                ("table", settings.table),
-                ("relays connected", status["relays"]),
-                ("due rows", status["due"]),
-                ("oldest due row age", _human(status["oldest_due_age_s"])),
-                ("delayed rows", status["delayed"]),
-                ("rows retrying", status["retrying"]),
-                ("dead letters", status["dead"]),
-                ("dead tuples", status["dead_tuples"]),
-                ("last vacuum", _human(status["last_vacuum_age_s"]) + " ago"),
-            ]
-            width = max(len(k) for k, _ in rows)
-            for key, value in rows:
-                print(f"{key:<{width}}  {value}")
-        return EXIT_OK
-
-    return _run_async(main)
-
-
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     """Print the effective configuration, secrets redacted."""
     from relay.config import effective, version
@@ -299,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--ready", action="store_true", help="ask /readyz instead")
     health.add_argument("--timeout-s", type=float, default=3.0, help="seconds to wait")
     add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
-    status = add("status", cmd_status, "show the backlog, dead letters and table health")
-    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from relay.cli_status import add_status_command
+
+    add_status_command(add, _run_async)
     config = add("config", cmd_config,
                   "print the effective configuration (secrets redacted) and where each came from")
     config.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -223,6 +223,21 @@ SELECT n_live_tup, n_dead_tup,
 FROM pg_stat_user_tables
 WHERE relid = {table_literal}::regclass
 
+-- name: table_traffic
+-- Rows ever inserted into and removed from the outbox (statistics counters, flushed by the
+-- server about once a second): two samples give the in and out rates of `relay status --watch`.
+SELECT COALESCE(n_tup_ins, 0)::bigint AS inserted_total, COALESCE(n_tup_del, 0)::bigint AS removed_total
+FROM pg_stat_user_tables
+WHERE relid = {table_literal}::regclass
+
+-- name: dead_by_reason
+-- Dead letters grouped by the reason's code (its text before the first ':'), largest first.
+SELECT split_part(reason, ':', 1) AS reason, count(*) AS n
+FROM {dead}
+GROUP BY 1
+ORDER BY 2 DESC, 1
+LIMIT 20
+
 -- name: table_exists
 SELECT to_regclass({table_literal}) IS NOT NULL
 
