@@ -159,14 +159,16 @@ async def test_secrets__no_password_in_logs_errors_status_or_metrics(
         assert done.returncode == 0, done.stderr
         outputs += [done.stdout, done.stderr]
     # Errors: a database that does not exist, a broker port nobody listens on, a bad URL.
+    # (A server that does not answer is waited for: a short bound makes the relay give up.)
     failures = [
         relay_cmd(env, "status", pg_dsn=as_user(env.pg_dsn, "postgres", password)
                   .rsplit("/", 1)[0] + "/no_such_db_here"),
         relay_cmd(env, "run", pg_dsn=dsn,
-                  amqp_url=f"amqp://guest:{password}@127.0.0.1:{free_port()}/"),
+                  amqp_url=f"amqp://guest:{password}@127.0.0.1:{free_port()}/",
+                  startup_timeout_s=2),
         relay_cmd(env, "run", pg_dsn=dsn, amqp_url=f"http://guest:{password}@127.0.0.1/"),
         relay_cmd(env, "migrate", pg_dsn=f"host=127.0.0.1 port={free_port()} "
-                  f"user=postgres password={password} dbname=x"),
+                  f"user=postgres password={password} dbname=x", startup_timeout_s=2),
     ]
     for done in failures:
         assert done.returncode != 0
