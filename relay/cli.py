@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         conn = await connect_when_up(settings, "migrate")
         try:
             todo = await plan(conn, table_names(settings), requested)
+            deadline = time.monotonic() + (args.wait_s if args.check else 0)
+            while not todo.up_to_date and time.monotonic() < deadline:
+                # An init container waiting for the migrate Job of the same rollout.
+                await asyncio.sleep(min(2.0, deadline - time.monotonic()))
+                todo = await plan(conn, table_names(settings), requested)
             if args.check or args.dry_run:
                 print(f"{settings.table}: {todo.describe()}")
                 if args.dry_run and args.roles:
@@ -242,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     mig = add("migrate", cmd_migrate, "create or upgrade the outbox table and its trigger")
     mig.add_argument("--check", action="store_true",
                      help="change nothing; exit 1 when migrations are pending (init containers)")
+    mig.add_argument("--wait-s", type=float, default=0.0, metavar="SECONDS",
+                     help="with --check: check again every 2 s until up to date, for at most "
+                          "this long (an init container waiting for the migrate Job)")
     mig.add_argument("--dry-run", action="store_true",
                      help="change nothing; print what would be applied")
     mig.add_argument("--roles", action="store_true",
@@ -280,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure(settings.log_level, settings.log_format)
         return int(args.handler(args, settings))
     except GaveUp as exc:
-        print(f"relay: gave up waiting: {exc}", file=sys.stderr)
+        logs.fatal(f"gave up waiting: {exc}", EXIT_GAVE_UP)
         return EXIT_GAVE_UP
     except RelayError as exc:
         logs.fatal(str(exc), EXIT_USER_ERROR)

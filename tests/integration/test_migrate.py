@@ -102,3 +102,23 @@ async def test_run__refuses_a_schema_older_than_it_needs_and_names_the_fix(
         assert "Traceback" not in done.stderr
     assert relay(env, "migrate").returncode == 0
     assert relay(env, "status").returncode == 0
+
+
+async def test_migrate_check_wait__ends_0_once_another_process_migrated(
+    empty_db: str, amqp_url: str
+) -> None:
+    env = _env(empty_db, amqp_url)
+    waiting = subprocess.Popen(  # noqa: ASYNC220 - the init container of a rollout
+        [RELAY_BIN, "migrate", "--check", "--wait-s", "60"], env=env.relay_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert waiting.poll() is None
+        assert relay(env, "migrate").returncode == 0  # the migrate Job
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, err
+    assert "none pending" in out
+    # Without a migrate, it gives up with 1 once the wait is over.
+    assert relay(env, "migrate", "--check", "--wait-s", "0.5", notify="off").returncode == 1
