@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from relay.pg.status import Sample, StatusReader, rates
+from relay.pg.status import Sample, StatusReader, document
 from relay.settings import Settings
 
 EXIT_OK = 0
@@ -32,14 +32,6 @@ def human_s(seconds: float | None) -> str:
 
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}/s"
-
-
-def document(table: str, sample: Sample, before: Sample | None) -> dict[str, Any]:
-    """One status as a JSON-able document."""
-    figures = {k: v for k, v in sample.figures.items()
-               if k not in {"inserted_total", "removed_total"}}
-    return {"table": table, **figures, **rates(before, sample),
-            "dead_by_reason": sample.dead_by_reason}
 
 
 def lines(doc: dict[str, Any]) -> list[str]:

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.errors import ConfigError
 from relay.ops.metrics import BacklogSnapshot
+from relay.ops.statuspage import StatusPage
 
 log = structlog.get_logger("relay.ops.http")
 
@@ -144,7 +145,7 @@ def probe_body(checks: dict[str, Check],
 
 
 class HttpServer:
-    """Serves /metrics, /healthz and /readyz until closed."""
+    """Serves /metrics, /healthz, /readyz and (when given) the status page until closed."""
 
     def __init__(
         self,
@@ -152,11 +153,13 @@ class HttpServer:
         port: int,
         health: Health,
         render_metrics: Callable[[], bytes],
+        status_page: StatusPage | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.health = health
         self._render_metrics = render_metrics
+        self.status_page = status_page
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -175,6 +178,8 @@ class HttpServer:
     async def close(self) -> None:
         """Stop listening; safe to call twice."""
         server, self._server = self._server, None
+        if self.status_page is not None:
+            await self.status_page.close()
         if server is not None:
             server.close()
             with contextlib.suppress(Exception):
@@ -195,8 +200,19 @@ class HttpServer:
             status, body = probe_body(self.health.readiness(),
                                       {"backlog": self.health.backlog_info()})
         else:
-            return 404, "text/plain; charset=utf-8", b"not found: try /metrics /healthz /readyz\n"
+            return (404, "text/plain; charset=utf-8",
+                    b"not found: try /status /metrics /healthz /readyz\n")
         return status, "application/json", (json.dumps(body) + "\n").encode()
+
+    async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+        """route(), plus the status page, which reads the database (cached, rate-bounded)."""
+        page = self.status_page
+        if page is not None and method in {"GET", "HEAD"} and path.split("?", 1)[0] in {
+            "/", "/status"
+        }:
+            status, body = await page.html()
+            return status, "text/html; charset=utf-8", body
+        return self.route(method, path)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -204,7 +220,7 @@ class HttpServer:
             if request is None:
                 return
             method, path = request
-            status, ctype, body = self.route(method, path)
+            status, ctype, body = await self.respond(method, path)
             head = (
                 f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
                 f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"

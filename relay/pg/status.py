@@ -3,7 +3,10 @@ rates and ETA between two samples."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,3 +67,56 @@ class StatusReader:
         figures["relays"] = int(relays)
         figures["notify_mode"] = notify
         return Sample(time.monotonic(), figures, by_reason)
+
+
+def document(table: str, sample: Sample, before: Sample | None) -> dict[str, Any]:
+    """One status as a JSON-able document (the CLI and the status page show this)."""
+    figures = {k: v for k, v in sample.figures.items()
+               if k not in {"inserted_total", "removed_total"}}
+    return {"table": table, **figures, **rates(before, sample),
+            "dead_by_reason": sample.dead_by_reason}
+
+
+class StatusSource:
+    """Status documents for the status page of a running relay.
+
+    Its own connection, opened at the first request (a relay nobody looks at pays nothing)
+    and reopened after an error; samples are reused for `min_interval_s`, so a page that
+    refreshes, or several viewers, cost one sample per interval.
+    """
+
+    def __init__(self, connect: Callable[[], Awaitable[Any]], queries: Queries, table: str,
+                 min_interval_s: float = 2.0) -> None:
+        self._connect = connect
+        self._q = queries
+        self._table = table
+        self._min_interval_s = min_interval_s
+        self._conn: Any = None
+        self._samples: list[Sample] = []  # the last two
+        self._lock = asyncio.Lock()
+
+    async def document(self) -> dict[str, Any]:
+        """The latest status (rates against the sample before); DatabaseError when down."""
+        async with self._lock:
+            last = self._samples[-1] if self._samples else None
+            if last is None or time.monotonic() - last.at >= self._min_interval_s:
+                await self._sample()
+            before = self._samples[-2] if len(self._samples) > 1 else None
+            return document(self._table, self._samples[-1], before)
+
+    async def _sample(self) -> None:
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await self._connect()
+            sample = await StatusReader(self._conn, self._q).sample()
+        except DatabaseError:
+            await self.close()
+            raise
+        self._samples = [*self._samples[-1:], sample]
+
+    async def close(self) -> None:
+        """Close the connection (safe to call twice)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(*DB_ERRORS):
+                await conn.close()
