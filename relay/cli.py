@@ -105,6 +105,10 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     # RELAY_NOTIFY given (environment, .env or secret file): install it; else keep the
     # installed mode, so a routine migrate on every deploy never changes it.
     requested = settings.notify if "notify" in settings.model_fields_set else None
+    if args.roles:  # bad role names stop it before anything is applied
+        from relay.pg.roles import roles_sql
+
+        roles_sql(table_names(settings), args.producer_role, args.relay_role)
 
     async def main() -> int:
         conn = await connect_when_up(settings, "migrate")

@@ -122,3 +122,16 @@ async def test_migrate_check_wait__ends_0_once_another_process_migrated(
     assert "none pending" in out
     # Without a migrate, it gives up with 1 once the wait is over.
     assert relay(env, "migrate", "--check", "--wait-s", "0.5", notify="off").returncode == 1
+
+
+async def test_migrate_roles__a_bad_role_name_stops_it_before_anything_is_applied(
+    empty_db: str, amqp_url: str
+) -> None:
+    done = relay(_env(empty_db, amqp_url), "migrate", "--roles", "--producer-role", "bad name")
+    assert done.returncode == 2
+    assert "role name 'bad name'" in done.stderr
+    conn = await asyncpg.connect(empty_db)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('queue_message')") is None
+    finally:
+        await conn.close()
