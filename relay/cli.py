@@ -300,6 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:
+        # `relay config | head`: the reader left; say nothing more (no traceback at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -57,11 +57,20 @@ async def _show(dl: DeadLetters, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _say_missing(which: Filter, ids: list[str]) -> None:
+    """Name the IDs given on the command line that are not dead letters (or not matching)."""
+    found = {i.lower() for i in ids}
+    for wanted in which.ids or []:
+        if wanted.lower() not in found:
+            print(f"no dead letter {wanted} (matching the filters)")
+
+
 async def _replay(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
     which = _filter(args)
     if not (which.narrows or args.all):
         raise UsageError("replay what? give IDs, --reason TEXT, --older-than AGE or --all")
     ids = await dl.snapshot(which)
+    _say_missing(which, ids)
     if args.dry_run:
         print(f"would replay {len(ids)} dead letter(s) into {table}")
         return EXIT_OK
@@ -79,6 +88,7 @@ async def _purge(dl: DeadLetters, args: argparse.Namespace) -> int:
         raise UsageError(f"purge would delete all {total} dead letter(s): say --all, or "
                          "narrow it with --older-than AGE, --reason TEXT or IDs")
     ids = await dl.snapshot(which)
+    _say_missing(which, ids)
     if args.dry_run:
         print(f"would purge {len(ids)} dead letter(s)")
         return EXIT_OK
