@@ -24,8 +24,10 @@ from relay.loop.retry import RetryPolicy
 from relay.loop.worker import Worker, WorkerConfig
 from relay.ops.http import Health, HttpServer
 from relay.ops.metrics import BacklogPoller, RelayMetrics
+from relay.ops.statuspage import StatusPage
 from relay.pg.listener import Listener
 from relay.pg.queries import Queries
+from relay.pg.status import StatusSource
 from relay.pg.store import Outbox, connect, table_names
 from relay.pg.wakeup import AdaptivePoll, LockGate
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings, redact_url
@@ -287,6 +289,14 @@ async def start_http(
         backlog_stale_after_s=max(3 * settings.backlog_poll_interval_s, 30.0),
         connections=supervisors.snapshot,
     )
-    http = HttpServer(settings.http_host, settings.http_port, health, metrics.render)
+    http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
+                      status_page(settings))
     await http.start()
     return http
+
+
+def status_page(settings: Settings) -> StatusPage:
+    """The read-only status page on the HTTP port (its own connection, opened on first view)."""
+    source = StatusSource(lambda: connect(settings, "status"), Queries(table_names(settings)),
+                          settings.table)
+    return StatusPage(source.document, settings.table, source.close)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,11 +105,20 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     # RELAY_NOTIFY given (environment, .env or secret file): install it; else keep the
     # installed mode, so a routine migrate on every deploy never changes it.
     requested = settings.notify if "notify" in settings.model_fields_set else None
+    if args.roles:  # bad role names stop it before anything is applied
+        from relay.pg.roles import roles_sql
+
+        roles_sql(table_names(settings), args.producer_role, args.relay_role)
 
     async def main() -> int:
         conn = await connect_when_up(settings, "migrate")
         try:
             todo = await plan(conn, table_names(settings), requested)
+            deadline = time.monotonic() + (args.wait_s if args.check else 0)
+            while not todo.up_to_date and time.monotonic() < deadline:
+                # An init container waiting for the migrate Job of the same rollout.
+                await asyncio.sleep(min(2.0, deadline - time.monotonic()))
+                todo = await plan(conn, table_names(settings), requested)
             if args.check or args.dry_run:
                 print(f"{settings.table}: {todo.describe()}")
                 if args.dry_run and args.roles:
@@ -145,50 +155,6 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return _run_async(main)
 
 
-def _human(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
-
-
-def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    """Print the backlog."""
-    from relay.pg.store import Outbox
-
-    async def main() -> int:
-        outbox = await Outbox.open(settings, size=1)
-        try:
-            status: dict[str, Any] = await outbox.backlog()
-            status["relays"] = await outbox.relay_sessions()
-        finally:
-            await outbox.close()
-        status = {"table": settings.table, **status}
-        if args.json:
-            print(json.dumps(status, default=str))
-        else:
-            rows = [
-                ("table", settings.table),
-                ("relays connected", status["relays"]),
-                ("due rows", status["due"]),
-                ("oldest due row age", _human(status["oldest_due_age_s"])),
-                ("delayed rows", status["delayed"]),
-                ("rows retrying", status["retrying"]),
-                ("dead letters", status["dead"]),
-                ("dead tuples", status["dead_tuples"]),
-                ("last vacuum", _human(status["last_vacuum_age_s"]) + " ago"),
-            ]
-            width = max(len(k) for k, _ in rows)
-            for key, value in rows:
-                print(f"{key:<{width}}  {value}")
-        return EXIT_OK
-
-    return _run_async(main)
-
-
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     """Print the effective configuration, secrets redacted."""
     from relay.config import effective, version
@@ -198,7 +164,9 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"version": version(),
                           "settings": {r["variable"]: r["value"] for r in rows}}))
         return EXIT_OK
-    _print_table(rows, ["variable", "value", "source"], width=80)
+    from relay.ops.console import print_table
+
+    print_table(rows, ["variable", "value", "source"], width=80)
     return EXIT_OK
 
 
@@ -213,7 +181,7 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     return _run_async(main)
 
 
-def _with_dead_letters(
+def with_dead_letters(
     settings: Settings,
     work: Callable[[Any], Coroutine[Any, Any, int]],
 ) -> int:
@@ -256,91 +224,6 @@ def cmd_health(args: argparse.Namespace, settings: Settings) -> int:
         return 1
 
 
-def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], width: int) -> None:
-    cells = [[str(r[c]) if r[c] is not None else "" for c in columns] for r in rows]
-    cells = [[v if len(v) <= width else v[: width - 1] + "…" for v in row] for row in cells]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-def cmd_dead(args: argparse.Namespace, settings: Settings) -> int:
-    """`relay dead list|show|replay|purge`."""
-    from relay.pg.deadletters import UsageError, parse_duration_s
-
-    async def work(dl: Any) -> int:
-        if args.action == "list":
-            rows = await dl.listing(limit=args.limit, reason=args.reason)
-            if args.json:
-                print(json.dumps(rows, default=str))
-            elif rows:
-                cols = ["id", "dead_at", "attempts", "exchange", "routing_key", "reason"]
-                _print_table(rows, cols, width=60)
-            else:
-                print("no dead letters")
-            return EXIT_OK
-        if args.action == "show":
-            row = await dl.show(args.id)
-            if row is None:
-                print(f"relay: no dead letter with id {args.id}", file=sys.stderr)
-                return EXIT_NOT_FOUND
-            print(json.dumps(row, default=str, indent=2))
-            return EXIT_OK
-        if args.action == "replay":
-            if not (args.ids or args.all or args.reason):
-                raise UsageError("replay what? give IDs, --all or --reason TEXT")
-            result = await dl.replay(ids=args.ids or None, reason=args.reason)
-            print(f"replayed {len(result.replayed)} dead letter(s) into {settings.table}")
-            for row_id, why in result.left:
-                print(f"left {row_id}: {why}")
-            return EXIT_OK
-        older = None if args.older_than is None else parse_duration_s(args.older_than)
-        n = await dl.purge(older_than_s=older)
-        print(f"purged {n} dead letter(s)")
-        return EXIT_OK
-
-    return _with_dead_letters(settings, work)
-
-
-def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
-    """`relay prune --older-than 7d`: delete old archived rows in bounded batches."""
-    from relay.pg.deadletters import parse_duration_s
-
-    older = parse_duration_s(args.older_than)
-
-    async def work(dl: Any) -> int:
-        n = await dl.prune_archive(older_than_s=older, batch_rows=args.batch_rows)
-        print(f"pruned {n} archived row(s) published more than {args.older_than} ago")
-        return EXIT_OK
-
-    return _with_dead_letters(settings, work)
-
-
-def add_failure_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    """The dead-letter and retention sub-commands."""
-    dead = add("dead", cmd_dead, "list, show, replay or purge dead letters (<table>_dead)")
-    actions = dead.add_subparsers(dest="action", metavar="ACTION", required=True)
-    p = actions.add_parser("list", help="dead letters, oldest first")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    p.add_argument("--reason", help="only those whose reason contains TEXT (case-insensitive)")
-    p = actions.add_parser("show", help="every column of one dead letter, as JSON")
-    p.add_argument("id")
-    p = actions.add_parser(
-        "replay", help="move dead letters back into the outbox (same id, attempts reset)"
-    )
-    p.add_argument("ids", nargs="*", metavar="ID")
-    p.add_argument("--all", action="store_true", help="replay every dead letter")
-    p.add_argument("--reason", help="replay those whose reason contains TEXT")
-    p = actions.add_parser("purge", help="delete dead letters")
-    p.add_argument("--older-than", help="only those dead for longer than this (7d, 12h, 30m)")
-    prune = add("prune", cmd_prune, "delete archived rows (RELAY_ON_SUCCESS=archive) by age")
-    prune.add_argument("--older-than", required=True, help="age of published rows (7d, 12h)")
-    prune.add_argument("--batch-rows", type=int, default=10_000,
-                       help="rows deleted per transaction (default 10000)")
-
-
 # ---------------------------------------------------------------------- parser
 
 
@@ -369,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     mig = add("migrate", cmd_migrate, "create or upgrade the outbox table and its trigger")
     mig.add_argument("--check", action="store_true",
                      help="change nothing; exit 1 when migrations are pending (init containers)")
+    mig.add_argument("--wait-s", type=float, default=0.0, metavar="SECONDS",
+                     help="with --check: check again every 2 s until up to date, for at most "
+                          "this long (an init container waiting for the migrate Job)")
     mig.add_argument("--dry-run", action="store_true",
                      help="change nothing; print what would be applied")
     mig.add_argument("--roles", action="store_true",
@@ -382,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--ready", action="store_true", help="ask /readyz instead")
     health.add_argument("--timeout-s", type=float, default=3.0, help="seconds to wait")
     add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
-    status = add("status", cmd_status, "show the backlog, dead letters and table health")
-    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from relay.cli_status import add_status_command
+
+    add_status_command(add, _run_async)
     config = add("config", cmd_config,
                   "print the effective configuration (secrets redacted) and where each came from")
     config.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -391,24 +278,31 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("exchange", help="exchange to bind to, e.g. amq.topic")
     tail.add_argument("binding_key", nargs="?", default="#", help="binding key (default #)")
     tail.add_argument("--count", type=int, default=None, help="exit after N messages")
-    add_failure_commands(add)
+    from relay.cli_dead import add_failure_commands
+
+    add_failure_commands(add, with_dead_letters)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `relay` console script."""
     args = build_parser().parse_args(argv)
+    logs.configure_early(os.environ.get("RELAY_LOG_FORMAT"))
     try:
         settings = load_settings()
         logs.configure(settings.log_level, settings.log_format)
         return int(args.handler(args, settings))
     except GaveUp as exc:
-        print(f"relay: gave up waiting: {exc}", file=sys.stderr)
+        logs.fatal(f"gave up waiting: {exc}", EXIT_GAVE_UP)
         return EXIT_GAVE_UP
     except RelayError as exc:
-        print(f"relay: {exc}", file=sys.stderr)
+        logs.fatal(str(exc), EXIT_USER_ERROR)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        # `relay config | head`: the reader left; say nothing more (no traceback at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
 
 

@@ -162,10 +162,13 @@ class Settings(BaseSettings):
         default=0, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz; 0 = off."
     )
     http_host: str = Field(default="0.0.0.0", description="Address the HTTP endpoint binds.")  # noqa: S104
-    ready_max_lag_s: Seconds = Field(
-        default=60.0,
+    ready_max_lag_s: float = Field(
+        default=0.0,
+        ge=0,
         validation_alias=_env("READY_MAX_LAG"),
-        description="Seconds: /readyz fails while the oldest due row is older than this.",
+        description="Seconds: when set, /readyz also fails while the oldest due row is older "
+        "than this. 0 (default): lag never affects readiness, since it is the table's and "
+        "would make every replica unready at once; alert on relay_oldest_due_age_seconds.",
     )
     backlog_poll_interval_s: Seconds = Field(
         default=5.0,

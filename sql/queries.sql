@@ -226,6 +226,21 @@ SELECT n_live_tup, n_dead_tup,
 FROM pg_stat_user_tables
 WHERE relid = {table_literal}::regclass
 
+-- name: table_traffic
+-- Rows ever inserted into and removed from the outbox (statistics counters, flushed by the
+-- server about once a second): two samples give the in and out rates of `relay status --watch`.
+SELECT COALESCE(n_tup_ins, 0)::bigint AS inserted_total, COALESCE(n_tup_del, 0)::bigint AS removed_total
+FROM pg_stat_user_tables
+WHERE relid = {table_literal}::regclass
+
+-- name: dead_by_reason
+-- Dead letters grouped by the reason's code (its text before the first ':'), largest first.
+SELECT split_part(reason, ':', 1) AS reason, count(*) AS n
+FROM {dead}
+GROUP BY 1
+ORDER BY 2 DESC, 1
+LIMIT 20
+
 -- name: table_exists
 SELECT to_regclass({table_literal}) IS NOT NULL
 
@@ -247,6 +262,14 @@ WHERE ($1::text IS NULL OR reason ILIKE '%' || $1 || '%')
 ORDER BY dead_at, seq
 LIMIT $2
 
+-- name: dead_count_matching
+-- How many dead letters a filter matches ($1 ids or NULL, $2 reason text or NULL, $3 minimum
+-- age in seconds or NULL): the "N of M" of listings and the total of long operations.
+SELECT count(*) FROM {dead}
+WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
+  AND ($2::text IS NULL OR reason ILIKE '%' || $2 || '%')
+  AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
+
 -- name: dead_show
 SELECT id::text AS id, seq, exchange, routing_key, content::text AS content,
        options::text AS options, ordering_key, created_at, available_at, attempts,
@@ -254,48 +277,34 @@ SELECT id::text AS id, seq, exchange, routing_key, content::text AS content,
 FROM {dead}
 WHERE id = $1::uuid
 
+-- name: dead_snapshot
+-- The ids an operation will touch, fixed when it starts (same filters as dead_count_matching,
+-- $4 = at most this many, NULL = all): a replayed row that dies again at once is not replayed
+-- a second time by the same command, so `replay --all` always ends.
+SELECT id::text FROM {dead}
+WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
+  AND ($2::text IS NULL OR reason ILIKE '%' || $2 || '%')
+  AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
+ORDER BY dead_at, seq
+LIMIT $4
+
 -- name: dead_replay
--- Moves up to $3 matching dead letters back into the outbox with their original id (so the
--- message_id stays the same), attempts reset and due now. Rows whose content or exchange is
--- NULL cannot be published and stay; rows whose id is already in the outbox stay too (the
--- INSERT would fail, which rolls the whole statement back: nothing is lost either way).
-WITH picked AS (
-    SELECT d.id FROM {dead} AS d
-    WHERE ($1::uuid[] IS NULL OR d.id = ANY($1::uuid[]))
-      AND ($2::text IS NULL OR d.reason ILIKE '%' || $2 || '%')
-      AND d.content IS NOT NULL AND d.exchange IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = d.id)
-    ORDER BY d.seq
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), moved AS (
-    DELETE FROM {dead} AS d USING picked AS p WHERE d.id = p.id
-    RETURNING d.id, d.seq, d.exchange, d.routing_key, d.content, d.options, d.created_at,
-              d.reason, d.ordering_key
-)
-INSERT INTO {table} (id, exchange, routing_key, content, options, created_at, available_at,
-                     attempts, last_error, ordering_key)
-SELECT id, exchange, COALESCE(routing_key, ''), content, options, created_at, now(), 0,
-       'replayed from dead letters; was: ' || reason, ordering_key
-FROM moved
-ORDER BY seq
-RETURNING id::text
+-- Moves the given dead letters back into the outbox through {replay_fn}
+-- (sql/migrations/0006_replay_function.sql): the relay role has no INSERT on the outbox.
+SELECT {replay_fn}($1::uuid[])
 
 -- name: dead_unreplayable
--- Matching dead letters that replay leaves where they are, with why.
+-- Dead letters among $1 that replay leaves where they are, with why.
 SELECT d.id::text AS id,
        CASE WHEN d.content IS NULL THEN 'content is NULL'
             WHEN d.exchange IS NULL THEN 'exchange is NULL'
             ELSE 'id already in the outbox' END AS why
 FROM {dead} AS d
-WHERE ($1::uuid[] IS NULL OR d.id = ANY($1::uuid[]))
-  AND ($2::text IS NULL OR d.reason ILIKE '%' || $2 || '%')
+WHERE d.id = ANY($1::uuid[])
 
 -- name: dead_purge
-DELETE FROM {dead}
-WHERE id IN (SELECT id FROM {dead}
-             WHERE ($1::float8 IS NULL OR dead_at < now() - make_interval(secs => $1))
-             LIMIT $2)
+-- Deletes the given dead letters (a slice of dead_snapshot).
+DELETE FROM {dead} WHERE id = ANY($1::uuid[])
 
 -- name: archive_prune
 -- Bounded batches keep each transaction (and the WAL and locks it holds) small.

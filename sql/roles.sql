@@ -26,28 +26,37 @@ END $$;
 
 GRANT USAGE ON SCHEMA {schema} TO {producer_role}, {relay_role};
 
--- Producers: INSERT and nothing else. They cannot read, change or delete outbox rows, and
--- cannot touch dead letters. (INSERT ... RETURNING would need SELECT on the returned columns:
--- generate the id client-side instead when you need it.)
-GRANT INSERT ON {table} TO {producer_role};
+-- Producers: INSERT of the columns an application sets, and nothing else. They cannot read,
+-- change or delete outbox rows, touch dead letters, or write seq (a future seq would break
+-- another producer's insert or jump a key's order), attempts, created_at or last_error.
+-- (INSERT ... RETURNING would need SELECT on the returned columns: generate the id
+-- client-side instead when you need it.) seq is an identity column: its default needs no
+-- USAGE on the sequence. REVOKE first, so that re-running replaces a table-wide grant.
+REVOKE INSERT ON {table} FROM {producer_role};
+GRANT INSERT (id, exchange, routing_key, content, options, ordering_key, available_at)
+    ON {table} TO {producer_role};
 
 -- The relay: claim (SELECT ... FOR UPDATE needs UPDATE), reschedule, delete published rows;
--- INSERT for `relay dead replay`, which puts dead letters back; the dead-letter and archive
--- tables for settling, listing, replaying and purging. No DDL, no TRUNCATE, no ownership:
--- `relay migrate` runs as the owner, not as this role.
-GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {relay_role};
+-- the dead-letter and archive tables for settling, listing and purging. No INSERT on the
+-- outbox: `relay dead replay` moves rows back through {replay_fn}, a SECURITY DEFINER function
+-- that can only move existing dead letters. No DDL, no TRUNCATE, no ownership: `relay migrate`
+-- runs as the owner, not as this role.
+REVOKE INSERT ON {table} FROM {relay_role};
+GRANT SELECT, UPDATE, DELETE ON {table} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {dead} TO {relay_role};
 GRANT SELECT, INSERT, DELETE ON {archive} TO {relay_role};
+GRANT EXECUTE ON FUNCTION {replay_fn}(uuid[]) TO {relay_role};
 -- `relay run` refuses a schema older than it needs: it reads which migrations are applied.
 GRANT SELECT ON {migrations} TO {relay_role};
 
--- The seq identity's sequence: producers draw from it on INSERT; replay draws from it too.
+-- Neither role draws from the seq sequence (identity defaults need no grant; settling copies
+-- seq): take back what older versions of this file granted.
 DO $$
 DECLARE
     seq_name text := pg_get_serial_sequence({table_literal}, 'seq');
 BEGIN
     IF seq_name IS NOT NULL THEN
-        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I, %I', seq_name,
+        EXECUTE format('REVOKE USAGE ON SEQUENCE %s FROM %I, %I', seq_name,
                        {producer_role_literal}, {relay_role_literal});
     END IF;
 END $$;

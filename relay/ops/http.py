@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.errors import ConfigError
 from relay.ops.metrics import BacklogSnapshot
+from relay.ops.statuspage import StatusPage
 
 log = structlog.get_logger("relay.ops.http")
 
@@ -76,7 +77,13 @@ class Health:
         return checks
 
     def readiness(self, now: float | None = None) -> dict[str, Check]:
-        """Both servers connected, no flow control, and the oldest due row young enough."""
+        """This pod can work: both servers connected, the broker not blocking it.
+
+        The backlog's lag is the table's, shared by every replica: were it a readiness check,
+        a backlog would turn every pod unready at once (and stall a rollout with
+        maxUnavailable 0). It counts only when RELAY_READY_MAX_LAG_S is set; otherwise it is
+        reported (`info`) and alerted on from the metrics.
+        """
         now = time.monotonic() if now is None else now
         checks: dict[str, Check] = {}
         pg = self.postgres_connected()
@@ -88,8 +95,18 @@ class Health:
             not blocked,
             "broker blocks publishers (memory or disk alarm)" if blocked else "not blocked",
         )
-        checks["lag"] = self._lag_check(now)
+        if self.ready_max_lag_s > 0:
+            checks["lag"] = self._lag_check(now)
         return checks
+
+    def backlog_info(self, now: float | None = None) -> dict[str, Any]:
+        """The backlog as the last poll saw it, for /readyz's `info` (never a failure)."""
+        now = time.monotonic() if now is None else now
+        snap = self.backlog()
+        age = snap.age_s(now)
+        figures = snap.figures or {}
+        return {"due_rows": figures.get("due"), "oldest_due_age_s": figures.get("oldest_due_age_s"),
+                "polled_s_ago": None if age is None else round(age, 1), "error": snap.error}
 
     def _lag_check(self, now: float) -> Check:
         snap = self.backlog()
@@ -113,19 +130,22 @@ def _suffix(error: str | None) -> str:
     return f": {error}" if error else ""
 
 
-def probe_body(checks: dict[str, Check]) -> tuple[int, dict[str, Any]]:
+def probe_body(checks: dict[str, Check],
+               info: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
     """HTTP status and JSON document of a probe: 200 when every check passes, else 503."""
     ok = all(c.ok for c in checks.values())
-    body = {
+    body: dict[str, Any] = {
         "status": "ok" if ok else "failing",
         "checks": {name: {"ok": c.ok, "detail": c.detail} for name, c in checks.items()},
         "reasons": [f"{name}: {c.detail}" for name, c in checks.items() if not c.ok],
     }
+    if info is not None:
+        body["info"] = info
     return (200 if ok else 503), body
 
 
 class HttpServer:
-    """Serves /metrics, /healthz and /readyz until closed."""
+    """Serves /metrics, /healthz, /readyz and (when given) the status page until closed."""
 
     def __init__(
         self,
@@ -133,11 +153,13 @@ class HttpServer:
         port: int,
         health: Health,
         render_metrics: Callable[[], bytes],
+        status_page: StatusPage | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.health = health
         self._render_metrics = render_metrics
+        self.status_page = status_page
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -156,6 +178,8 @@ class HttpServer:
     async def close(self) -> None:
         """Stop listening; safe to call twice."""
         server, self._server = self._server, None
+        if self.status_page is not None:
+            await self.status_page.close()
         if server is not None:
             server.close()
             with contextlib.suppress(Exception):
@@ -173,10 +197,22 @@ class HttpServer:
             if self.health.connections is not None:
                 body["connections"] = self.health.connections()
         elif path == "/readyz":
-            status, body = probe_body(self.health.readiness())
+            status, body = probe_body(self.health.readiness(),
+                                      {"backlog": self.health.backlog_info()})
         else:
-            return 404, "text/plain; charset=utf-8", b"not found: try /metrics /healthz /readyz\n"
+            return (404, "text/plain; charset=utf-8",
+                    b"not found: try /status /metrics /healthz /readyz\n")
         return status, "application/json", (json.dumps(body) + "\n").encode()
+
+    async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+        """route(), plus the status page, which reads the database (cached, rate-bounded)."""
+        page = self.status_page
+        if page is not None and method in {"GET", "HEAD"} and path.split("?", 1)[0] in {
+            "/", "/status"
+        }:
+            status, body = await page.html()
+            return status, "text/html; charset=utf-8", body
+        return self.route(method, path)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -184,7 +220,7 @@ class HttpServer:
             if request is None:
                 return
             method, path = request
-            status, ctype, body = self.route(method, path)
+            status, ctype, body = await self.respond(method, path)
             head = (
                 f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
                 f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"

@@ -6,6 +6,7 @@ The logic behind `relay dead ...` and `relay prune`; the CLI only parses argumen
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,39 @@ class ReplayResult:
     left: list[tuple[str, str]] = field(default_factory=list)  # id, why
 
 
+@dataclass(frozen=True)
+class Filter:
+    """Which dead letters an operation touches: ids, a reason text, a minimum age, a limit."""
+
+    ids: list[str] | None = None
+    reason: str | None = None
+    older_than_s: float | None = None
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ids:
+            check_ids(self.ids)
+        if self.limit is not None and self.limit < 1:
+            raise UsageError("--limit must be at least 1")
+
+    @property
+    def narrows(self) -> bool:
+        """True when some filter is set (purge without one needs --all)."""
+        return bool(self.ids or self.reason or self.older_than_s is not None)
+
+    def args(self) -> tuple[Any, ...]:
+        """The ($1, $2, $3) of dead_count_matching and dead_snapshot."""
+        return (self.ids or None, self.reason, self.older_than_s)
+
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+def _slices(ids: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
 class DeadLetters:
     """Operations on <table>_dead and <table>_archive over one connection."""
 
@@ -71,6 +105,15 @@ class DeadLetters:
         # "DELETE 42" -> 42
         return int(status.rsplit(" ", 1)[-1])
 
+    async def count(self, which: Filter) -> int:
+        """How many dead letters match (ignoring the limit)."""
+        return int((await self._fetch("dead_count_matching", *which.args()))[0][0])
+
+    async def snapshot(self, which: Filter) -> list[str]:
+        """The ids an operation will touch, fixed now, oldest first."""
+        rows = await self._fetch("dead_snapshot", *which.args(), which.limit)
+        return [r[0] for r in rows]
+
     async def listing(self, *, limit: int = 100, reason: str | None = None) -> list[dict[str, Any]]:
         """Dead letters, oldest first (optionally only those whose reason contains `reason`)."""
         return [dict(r) for r in await self._fetch("dead_list", reason, limit)]
@@ -80,39 +123,32 @@ class DeadLetters:
         rows = await self._fetch("dead_show", check_ids([row_id])[0])
         return dict(rows[0]) if rows else None
 
-    async def replay(
-        self,
-        *,
-        ids: list[str] | None = None,
-        reason: str | None = None,
-        batch_rows: int = DEFAULT_BATCH_ROWS,
-    ) -> ReplayResult:
-        """Move matching dead letters back into the outbox (original id, attempts reset).
+    async def replay(self, ids: list[str], *, batch_rows: int = DEFAULT_BATCH_ROWS,
+                     progress: Progress | None = None) -> ReplayResult:
+        """Move these dead letters (a snapshot) back into the outbox, original id, attempts reset.
 
-        ids=None and reason=None replays every dead letter. Works in batches of `batch_rows`,
-        one transaction each; the insert trigger wakes the relays.
+        One transaction per `batch_rows`; the insert trigger wakes the relays. A row that dies
+        again meanwhile is not in the snapshot twice, so this always ends.
         """
-        id_arg = check_ids(ids) if ids else None
         result = ReplayResult()
-        while True:
-            moved = await self._fetch("dead_replay", id_arg, reason, batch_rows)
-            result.replayed.extend(r[0] for r in moved)
-            if len(moved) < batch_rows:
-                break
-        left = await self._fetch("dead_unreplayable", id_arg, reason)
-        result.left = [(r["id"], r["why"]) for r in left]
+        for chunk in _slices(ids, batch_rows):
+            moved = [r[0] for r in await self._fetch("dead_replay", chunk)]
+            result.replayed += moved
+            left = await self._fetch("dead_unreplayable", sorted(set(chunk) - set(moved)))
+            result.left += [(r["id"], r["why"]) for r in left]
+            if progress:
+                progress(len(result.replayed) + len(result.left), len(ids))
         return result
 
-    async def purge(
-        self, *, older_than_s: float | None = None, batch_rows: int = 10_000
-    ) -> int:
-        """Delete dead letters (all, or those dead for longer than `older_than_s`)."""
+    async def purge(self, ids: list[str], *, batch_rows: int = 10_000,
+                    progress: Progress | None = None) -> int:
+        """Delete these dead letters (a snapshot), one transaction per `batch_rows`."""
         total = 0
-        while True:
-            n = await self._execute("dead_purge", older_than_s, batch_rows)
-            total += n
-            if n < batch_rows:
-                return total
+        for chunk in _slices(ids, batch_rows):
+            total += await self._execute("dead_purge", chunk)
+            if progress:
+                progress(total, len(ids))
+        return total
 
     async def prune_archive(self, *, older_than_s: float, batch_rows: int = 10_000) -> int:
         """Delete archived rows published more than `older_than_s` ago, in bounded batches."""

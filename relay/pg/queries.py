@@ -60,6 +60,8 @@ class TableNames:
             "notify_fn": self._q("_notify_stmt"),
             "notify_trigger": quote_ident(self.name + "_notify"),
             "claim_keyed_fn": self._q("_claim_keyed"),
+            "replay_fn": self._q("_replay"),
+            "replay_fn_literal": "'" + self._q("_replay").replace("'", "''") + "'",
             "migrations": (
                 f"{quote_ident(self.schema)}.relay_migrations"
                 if self.schema

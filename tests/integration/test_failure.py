@@ -98,7 +98,7 @@ async def test_dead_commands__list_show_replay_keep_the_id_and_purge(
                  "attempts, reason, dead_at) VALUES (gen_random_uuid(), now(), now(), 1, 'r', "
                  "now() - interval '2 days'), (gen_random_uuid(), now(), now(), 1, 'r', now())")
     assert "purged 1 " in _relay_cli(env, "dead", "purge", "--older-than", "1d").stdout
-    assert "purged 1 " in _relay_cli(env, "dead", "purge").stdout
+    assert "purged 1 " in _relay_cli(env, "dead", "purge", "--all").stdout
     assert relay.alive()
 
 

@@ -112,3 +112,36 @@ async def test_migrate__schema_history_follows_the_table_not_the_spelling_of_rel
     qualified = relay(env, "migrate", "--check", table="public.queue_message")
     assert qualified.returncode == 0, qualified.stdout + qualified.stderr
     assert "none pending" in qualified.stdout
+
+
+async def test_migrate_check_wait__ends_0_once_another_process_migrated(
+    empty_db: str, amqp_url: str
+) -> None:
+    env = _env(empty_db, amqp_url)
+    waiting = subprocess.Popen(  # noqa: ASYNC220 - the init container of a rollout
+        [RELAY_BIN, "migrate", "--check", "--wait-s", "60"], env=env.relay_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert waiting.poll() is None
+        assert relay(env, "migrate").returncode == 0  # the migrate Job
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, err
+    assert "none pending" in out
+    # Without a migrate, it gives up with 1 once the wait is over.
+    assert relay(env, "migrate", "--check", "--wait-s", "0.5", notify="off").returncode == 1
+
+
+async def test_migrate_roles__a_bad_role_name_stops_it_before_anything_is_applied(
+    empty_db: str, amqp_url: str
+) -> None:
+    done = relay(_env(empty_db, amqp_url), "migrate", "--roles", "--producer-role", "bad name")
+    assert done.returncode == 2
+    assert "role name 'bad name'" in done.stderr
+    conn = await asyncpg.connect(empty_db)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('queue_message')") is None
+    finally:
+        await conn.close()

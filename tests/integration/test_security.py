@@ -159,14 +159,16 @@ async def test_secrets__no_password_in_logs_errors_status_or_metrics(
         assert done.returncode == 0, done.stderr
         outputs += [done.stdout, done.stderr]
     # Errors: a database that does not exist, a broker port nobody listens on, a bad URL.
+    # (A server that does not answer is waited for: a short bound makes the relay give up.)
     failures = [
         relay_cmd(env, "status", pg_dsn=as_user(env.pg_dsn, "postgres", password)
                   .rsplit("/", 1)[0] + "/no_such_db_here"),
-        relay_cmd(env, "run", pg_dsn=dsn, startup_timeout_s=2,
-                  amqp_url=f"amqp://guest:{password}@127.0.0.1:{free_port()}/"),
+        relay_cmd(env, "run", pg_dsn=dsn,
+                  amqp_url=f"amqp://guest:{password}@127.0.0.1:{free_port()}/",
+                  startup_timeout_s=2),
         relay_cmd(env, "run", pg_dsn=dsn, amqp_url=f"http://guest:{password}@127.0.0.1/"),
-        relay_cmd(env, "migrate", startup_timeout_s=2, pg_dsn=f"host=127.0.0.1 port={free_port()} "
-                  f"user=postgres password={password} dbname=x"),
+        relay_cmd(env, "migrate", pg_dsn=f"host=127.0.0.1 port={free_port()} "
+                  f"user=postgres password={password} dbname=x", startup_timeout_s=2),
     ]
     for done in failures:
         assert done.returncode != 0
@@ -179,3 +181,61 @@ async def test_secrets__no_password_in_logs_errors_status_or_metrics(
     assert "cannot" in text
     assert password not in text
     assert f":{amqp_secret}@" not in text
+
+
+async def test_roles__producer_may_insert_only_the_columns_an_application_sets(
+    env: Env, roles: Roles
+) -> None:
+    producer = await asyncpg.connect(as_user(env.pg_dsn, roles.producer_login))
+    try:
+        await producer.execute(
+            "INSERT INTO queue_message (id, exchange, routing_key, content, options, "
+            "ordering_key, available_at) VALUES (gen_random_uuid(), $1, 'rk', '{}', "
+            "'{\"priority\": 1}', 'k1', now() + interval '1 hour')", env.exchange)
+        await producer.execute(
+            "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, 'rk', '{}')",
+            env.exchange)  # the classic INSERT
+        for column, value in (("seq", "9223372036854775000"), ("attempts", "0"),
+                              ("created_at", "now()"), ("last_error", "'x'")):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await producer.execute(
+                    f"INSERT INTO queue_message (exchange, content, {column}) "
+                    f"VALUES ($1, '{{}}', {value})", env.exchange)
+        # seq is an identity column: its default needs no USAGE on the sequence.
+        usage = await producer.fetchval(
+            "SELECT has_sequence_privilege(pg_get_serial_sequence('queue_message', 'seq'), "
+            "'USAGE')")
+        assert usage is False
+    finally:
+        await producer.close()
+    assert await count_rows(env.pg_dsn) == 2
+
+
+async def test_roles__relay_role_cannot_insert_yet_replays_through_the_definer_function(
+    env: Env, roles: Roles
+) -> None:
+    relay_dsn = as_user(env.pg_dsn, roles.relay_login)
+    admin = await asyncpg.connect(env.pg_dsn)
+    try:
+        await admin.execute(
+            "INSERT INTO queue_message_dead (id, seq, exchange, routing_key, content, "
+            "created_at, available_at, attempts, reason) VALUES (gen_random_uuid(), 1, $1, "
+            "'rk', '{}', now(), now(), 3, 'exchange_not_found')", env.exchange)
+    finally:
+        await admin.close()
+    relay_conn = await asyncpg.connect(relay_dsn)
+    producer = await asyncpg.connect(as_user(env.pg_dsn, roles.producer_login))
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await relay_conn.execute(
+                "INSERT INTO queue_message (exchange, content) VALUES ('x', '{}')")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # not PUBLIC's to call
+            await producer.execute("SELECT queue_message_replay(ARRAY[]::uuid[])")
+    finally:
+        await relay_conn.close()
+        await producer.close()
+    done = relay_cmd(env, "dead", "replay", "--all", pg_dsn=relay_dsn)
+    assert done.returncode == 0, done.stderr
+    assert "replayed 1 of 1" in done.stdout
+    assert await count_rows(env.pg_dsn) == 1
+    assert await count_rows(env.pg_dsn, "queue_message_dead") == 0

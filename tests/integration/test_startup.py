@@ -102,7 +102,8 @@ async def test_run__gives_up_after_the_startup_timeout_with_its_own_exit_code(
     )
     elapsed_s = time.monotonic() - started
     assert proc.returncode == EXIT_GAVE_UP, proc.stderr
-    assert f"relay: gave up waiting: {missing}:" in proc.stderr
+    # The last line is a relay_failed event (JSON off a terminal), like every stderr line.
+    assert f'"error": "gave up waiting: {missing}:' in proc.stderr
     assert "Traceback" not in proc.stderr
     assert elapsed_s >= 1
 

@@ -224,3 +224,136 @@ def test_dashboard_and_alerts__use_only_metrics_the_relay_exposes() -> None:
     assert not used - exposed
     assert {"relay_messages_published_total", "relay_oldest_due_age_seconds",
             "relay_message_age_at_confirm_seconds_bucket"} <= used
+
+
+# ---------------------------------------------------------------- what each piece needs
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose__healthchecks_mean_ready() -> None:
+    services = _compose()["services"]
+    pg_check = " ".join(services["postgres"]["healthcheck"]["test"])
+    # TCP, not the socket: the image's init-time server listens on the socket only.
+    assert "pg_isready -h 127.0.0.1" in pg_check
+    assert "check_port_connectivity" in services["rabbitmq"]["healthcheck"]["test"]
+
+
+def test_compose__each_service_command_user_and_dependencies_fit_what_the_relay_needs() -> None:
+    from relay import dsn
+    from relay.config import known_variables
+    from relay.pg.roles import DEFAULT_RELAY_ROLE
+
+    services = _compose()["services"]
+    known = known_variables()
+    relay_image = services["relay"]["image"]
+    for name, service in services.items():
+        # Images are built by compose, never pulled from a registry that does not have them.
+        if service.get("image") == relay_image:
+            assert service["build"]["target"] == "runtime", name
+        assert str(service.get("user", "10001")) not in {"root", "0", "0:0"}, name
+        env = service.get("environment", {})
+        assert not {k for k in env if k.startswith("RELAY_")} - known, name
+    migrate, relay, consumer = services["migrate"], services["relay"], services["consumer"]
+    # migrate: the owner applies the schema and the roles, retried until it succeeds.
+    assert migrate["command"][:2] == ["migrate", "--roles"]
+    assert migrate["restart"] == "on-failure"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    owner = dsn.parse(migrate["environment"]["RELAY_PG_DSN"]).params
+    assert owner["user"] == services["postgres"]["environment"].get("POSTGRES_USER", "postgres")
+    assert float(migrate["environment"]["RELAY_STARTUP_TIMEOUT_S"]) > 0
+    # relay: starts after migrate completed, as a login of the relay role.
+    assert relay["command"] == ["run"]
+    assert relay["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert relay["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+    relay_dsn = (ROOT / "deploy/compose/relay_pg_dsn").read_text().strip()
+    login = dsn.parse(relay_dsn).params["user"]
+    initdb = (ROOT / "deploy/compose/initdb.sql").read_text()
+    assert re.search(rf"CREATE ROLE {login} LOGIN .*IN ROLE {DEFAULT_RELAY_ROLE};", initdb)
+    assert "relay_pg_dsn" in relay["secrets"]
+    amqp = relay["environment"]["RELAY_AMQP_URL"]
+    rabbit_env = services["rabbitmq"]["environment"]
+    assert f"//{rabbit_env['RABBITMQ_DEFAULT_USER']}:{rabbit_env['RABBITMQ_DEFAULT_PASS']}@" in amqp
+    assert relay["environment"]["RELAY_HTTP_PORT"] in {str(p) for p in relay["ports"]}
+    assert consumer["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+
+
+def _container(kind: str, init: bool = False) -> dict[str, Any]:
+    pod = by_kind(kind)[0]["spec"]["template"]["spec"]
+    return pod["initContainers" if init else "containers"][0]
+
+
+def test_k8s__relay_pods_wait_in_an_init_container_until_the_schema_is_migrated() -> None:
+    gate, relay = _container("Deployment", init=True), _container("Deployment")
+    assert gate["args"][:2] == ["migrate", "--check"]
+    assert float(gate["args"][gate["args"].index("--wait-s") + 1]) >= 60
+    assert "--roles" not in gate["args"]  # it only reads: no owner credentials in relay pods
+    assert gate["envFrom"] == relay["envFrom"]
+    assert gate["volumeMounts"] == [m for m in relay["volumeMounts"] if m["name"] == "secrets"]
+    assert gate["image"] == relay["image"]
+
+
+def test_k8s__migrate_job_gets_the_whole_configuration_and_the_owner_secret() -> None:
+    job = _container("Job")
+    relay = _container("Deployment")
+    assert job["envFrom"] == relay["envFrom"]
+    overrides = {e["name"]: e["value"] for e in job["env"]}
+    assert overrides == {"RELAY_SECRETS_DIR": job["volumeMounts"][0]["mountPath"]}
+    pod = by_kind("Job")[0]["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["secret"]["secretName"] == "outbox-relay-migrate-secrets"
+
+
+def _apply_replacements(docs: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
+    """kustomize's replacements, for the delimiter/index form the kustomization uses."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            doc["data"]["RELAY_TABLE"] = table
+    for rep in kustomization["replacements"]:
+        src = next(d for d in docs if d["kind"] == rep["source"]["kind"]
+                   and d["metadata"]["name"] == rep["source"]["name"])
+        value = src
+        for part in rep["source"]["fieldPath"].split("."):
+            value = value[part]
+        for target in rep["targets"]:
+            doc = next(d for d in docs if d["kind"] == target["select"]["kind"])
+            for path in target["fieldPaths"]:
+                *parents, leaf = [int(p) if p.isdigit() else p for p in path.split(".")]
+                node = doc
+                for part in parents:
+                    node = node[part]
+                words = node[leaf].split(target["options"]["delimiter"])
+                words[target["options"]["index"]] = value
+                node[leaf] = target["options"]["delimiter"].join(words)
+    return docs
+
+
+def test_k8s__keda_query_counts_due_rows_of_the_configured_table() -> None:
+    current = by_kind("ConfigMap")[0]["data"]["RELAY_TABLE"]
+    query = by_kind("ScaledObject")[0]["spec"]["triggers"][0]["metadata"]["query"]
+    assert query.split(" ")[3] == current  # the replacement's target word is the table
+    docs = _apply_replacements(manifests(), "billing.outbox_events")
+    scaled = next(d for d in docs if d["kind"] == "ScaledObject")
+    assert scaled["spec"]["triggers"][0]["metadata"]["query"] == (
+        "SELECT count(*) FROM billing.outbox_events WHERE available_at <= now()")
+
+
+def test_k8s__readiness_is_not_tied_to_the_table_wide_lag() -> None:
+    config = by_kind("ConfigMap")[0]["data"]
+    assert float(config.get("RELAY_READY_MAX_LAG_S", 0)) == 0
+    assert Settings.model_fields["ready_max_lag_s"].default == 0
+
+
+def test_dashboard__every_query_filters_by_namespace_and_job() -> None:
+    dashboard = json.loads((K8S / "grafana-dashboard.json").read_text())
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"namespace", "job"} <= variables
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            selectors = re.findall(r"\brelay_[a-z_]+(\{[^}]*\})?", target["expr"])
+            assert selectors, target["expr"]
+            for selector in selectors:
+                assert 'namespace=~"$namespace"' in selector, target["expr"]
+                assert 'job=~"$job"' in selector, target["expr"]

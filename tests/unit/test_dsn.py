@@ -201,3 +201,19 @@ def test_redaction__keyword_dsn_whose_password_holds_a_scheme_separator() -> Non
     shown = redact_url("host=db password=Pw://")
     assert "Pw://" not in shown
     assert "host=db" in shown
+
+
+@pytest.mark.parametrize(
+    ("text", "password"),
+    [
+        ("host=db password='x://y@z' dbname=app", "x://y@z"),   # found by the property test
+        (r"host=db password=a\ b://c dbname=app", "a b://c"),
+        ("postgresql://relay:p%2F%3F%23@db/app", "p%2F%3F%23"),
+        ("postgresql://relay:p/?#ss@db/app", "p/?#ss"),
+        ("amqps://relay:p@ss@mq:5671/vhost", "p@ss"),
+    ],
+)
+def test_redaction__found_cases_hide_the_password(text: str, password: str) -> None:
+    shown = redact_url(text)
+    assert password not in shown
+    assert "***" in shown

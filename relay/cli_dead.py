@@ -1,0 +1,167 @@
+"""`relay dead list|show|replay|purge` and `relay prune`: argument parsing and output.
+
+The logic lives in relay/pg/deadletters.py. Operations that change rows work on a snapshot of
+ids taken when they start, say how many they will touch (`--dry-run` stops there), take
+`--limit`, and show progress; `purge` without a filter needs `--all`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from relay.ops.console import Progress, print_table
+from relay.pg.deadletters import DeadLetters, Filter, UsageError, parse_duration_s
+from relay.settings import Settings
+
+EXIT_OK = 0
+EXIT_NOT_FOUND = 3
+
+WithDeadLetters = Callable[[Settings, Callable[[Any], Coroutine[Any, Any, int]]], int]
+
+
+def _filter(args: argparse.Namespace) -> Filter:
+    older = getattr(args, "older_than", None)
+    return Filter(
+        ids=getattr(args, "ids", None) or None,
+        reason=getattr(args, "reason", None),
+        older_than_s=None if older is None else parse_duration_s(older),
+        limit=getattr(args, "limit", None),
+    )
+
+
+async def _list(dl: DeadLetters, args: argparse.Namespace) -> int:
+    rows = await dl.listing(limit=args.limit, reason=args.reason)
+    if args.json:
+        print(json.dumps(rows, default=str))
+        return EXIT_OK
+    total = await dl.count(Filter(reason=args.reason))
+    if not rows:
+        print("no dead letters" + (" match" if args.reason else ""))
+        return EXIT_OK
+    print_table(rows, ["id", "dead_at", "attempts", "exchange", "routing_key", "reason"], 60)
+    more = " (--limit N shows more)" if len(rows) < total else ""
+    print(f"{len(rows)} of {total} dead letter(s){more}")
+    return EXIT_OK
+
+
+async def _show(dl: DeadLetters, args: argparse.Namespace) -> int:
+    row = await dl.show(args.id)
+    if row is None:
+        print(f"relay: no dead letter with id {args.id}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    print(json.dumps(row, default=str, indent=2))
+    return EXIT_OK
+
+
+def _say_missing(which: Filter, ids: list[str]) -> None:
+    """Name the IDs given on the command line that are not dead letters (or not matching)."""
+    found = {i.lower() for i in ids}
+    for wanted in which.ids or []:
+        if wanted.lower() not in found:
+            print(f"no dead letter {wanted} (matching the filters)")
+
+
+async def _replay(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
+    which = _filter(args)
+    if not (which.narrows or args.all):
+        raise UsageError("replay what? give IDs, --reason TEXT, --older-than AGE or --all")
+    ids = await dl.snapshot(which)
+    _say_missing(which, ids)
+    if args.dry_run:
+        print(f"would replay {len(ids)} dead letter(s) into {table}")
+        return EXIT_OK
+    result = await dl.replay(ids, batch_rows=args.batch_rows, progress=Progress("replayed"))
+    print(f"replayed {len(result.replayed)} of {len(ids)} dead letter(s) into {table}")
+    for row_id, why in result.left:
+        print(f"left {row_id}: {why}")
+    return EXIT_OK
+
+
+async def _purge(dl: DeadLetters, args: argparse.Namespace) -> int:
+    which = _filter(args)
+    if not (which.narrows or args.all):
+        total = await dl.count(which)
+        raise UsageError(f"purge would delete all {total} dead letter(s): say --all, or "
+                         "narrow it with --older-than AGE, --reason TEXT or IDs")
+    ids = await dl.snapshot(which)
+    _say_missing(which, ids)
+    if args.dry_run:
+        print(f"would purge {len(ids)} dead letter(s)")
+        return EXIT_OK
+    n = await dl.purge(ids, batch_rows=args.batch_rows, progress=Progress("purged"))
+    print(f"purged {n} dead letter(s)")
+    return EXIT_OK
+
+
+def make_dead_command(with_dead_letters: WithDeadLetters) -> Callable[..., int]:
+    """The handler of `relay dead ACTION`."""
+
+    def cmd_dead(args: argparse.Namespace, settings: Settings) -> int:
+        async def work(dl: DeadLetters) -> int:
+            if args.action == "list":
+                return await _list(dl, args)
+            if args.action == "show":
+                return await _show(dl, args)
+            if args.action == "replay":
+                return await _replay(dl, args, settings.table)
+            return await _purge(dl, args)
+
+        return with_dead_letters(settings, work)
+
+    return cmd_dead
+
+
+def make_prune_command(with_dead_letters: WithDeadLetters) -> Callable[..., int]:
+    """The handler of `relay prune --older-than 7d`."""
+
+    def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
+        older = parse_duration_s(args.older_than)
+
+        async def work(dl: DeadLetters) -> int:
+            n = await dl.prune_archive(older_than_s=older, batch_rows=args.batch_rows)
+            print(f"pruned {n} archived row(s) published more than {args.older_than} ago")
+            return EXIT_OK
+
+        return with_dead_letters(settings, work)
+
+    return cmd_prune
+
+
+def _changing(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument("ids", nargs="*", metavar="ID")
+    p.add_argument("--all", action="store_true", help=f"{verb} every dead letter")
+    p.add_argument("--reason", help=f"{verb} those whose reason contains TEXT")
+    p.add_argument("--older-than", help=f"{verb} those dead for longer than this (7d, 12h)")
+    p.add_argument("--limit", type=int, help=f"{verb} at most N (oldest first)")
+    p.add_argument("--dry-run", action="store_true", help=f"say how many; {verb} nothing")
+    p.add_argument("--batch-rows", type=int, default=1000,
+                   help="rows per transaction (default 1000)")
+
+
+def add_failure_commands(add: Callable[..., argparse.ArgumentParser],
+                         with_dead_letters: WithDeadLetters) -> None:
+    """The dead-letter and retention sub-commands."""
+    dead = add("dead", make_dead_command(with_dead_letters),
+               "list, show, replay or purge dead letters (<table>_dead)")
+    actions = dead.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = actions.add_parser("list", help="dead letters, oldest first")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--reason", help="only those whose reason contains TEXT (case-insensitive)")
+    p = actions.add_parser("show", help="every column of one dead letter, as JSON")
+    p.add_argument("id")
+    p = actions.add_parser(
+        "replay", help="move dead letters back into the outbox (same id, attempts reset)"
+    )
+    _changing(p, "replay")
+    p = actions.add_parser("purge", help="delete dead letters (a filter, or --all)")
+    _changing(p, "purge")
+    prune = add("prune", make_prune_command(with_dead_letters),
+                "delete archived rows (RELAY_ON_SUCCESS=archive) by age")
+    prune.add_argument("--older-than", required=True, help="age of published rows (7d, 12h)")
+    prune.add_argument("--batch-rows", type=int, default=10_000,
+                       help="rows deleted per transaction (default 10000)")

@@ -1,0 +1,91 @@
+"""Dead-letter commands on long and risky operations: snapshots, limits, dry runs, --all."""
+
+from __future__ import annotations
+
+import subprocess
+
+import asyncpg
+
+from tests.helpers import RELAY_BIN, Env, count_rows, wait_until
+
+DEAD = "queue_message_dead"
+
+
+def relay(env: Env, *args: str, **settings: object) -> subprocess.CompletedProcess[str]:
+    """Run one `relay` command to completion."""
+    return subprocess.run(
+        [RELAY_BIN, *args], env=env.relay_env(**settings), capture_output=True, text=True,
+        timeout=120, check=False,
+    )
+
+
+async def add_dead_letters(dsn: str, n: int, *, exchange: str, reason: str = "r",
+                           age: str = "0 s") -> None:
+    """n dead letters, dead for `age` (an interval), publishable to `exchange`."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {DEAD} (id, seq, exchange, routing_key, content, created_at, "
+            "available_at, attempts, reason, dead_at) "
+            "SELECT gen_random_uuid(), g, $1, 'rk', '{}'::jsonb, now(), now(), 1, $2, "
+            "now() - $3::text::interval - make_interval(secs => g) "
+            "FROM generate_series(1, $4) AS g",
+            exchange, reason, age, n)
+    finally:
+        await conn.close()
+
+
+async def test_dead_list__says_how_many_of_how_many_it_shows(env: Env) -> None:
+    await add_dead_letters(env.pg_dsn, 150, exchange=env.exchange)
+    out = relay(env, "dead", "list")
+    assert out.returncode == 0, out.stderr
+    assert "100 of 150 dead letter(s) (--limit N shows more)" in out.stdout
+    assert "20 of 150" in relay(env, "dead", "list", "--limit", "20").stdout
+    assert "150 of 150 dead letter(s)\n" in relay(env, "dead", "list", "--limit", "500").stdout
+
+
+async def test_dead_purge__without_a_filter_asks_for_all_and_deletes_nothing(env: Env) -> None:
+    await add_dead_letters(env.pg_dsn, 30, exchange=env.exchange, age="2 days")
+    await add_dead_letters(env.pg_dsn, 5, exchange=env.exchange)
+    refused = relay(env, "dead", "purge")
+    assert refused.returncode == 2
+    assert "all 35 dead letter(s): say --all" in refused.stderr
+    assert await count_rows(env.pg_dsn, DEAD) == 35
+    dry = relay(env, "dead", "purge", "--older-than", "1d", "--dry-run")
+    assert "would purge 30 dead letter(s)" in dry.stdout
+    assert await count_rows(env.pg_dsn, DEAD) == 35
+    limited = relay(env, "dead", "purge", "--older-than", "1d", "--limit", "10",
+                    "--batch-rows", "3")
+    assert "purged 10 dead letter(s)" in limited.stdout, limited.stderr
+    assert await count_rows(env.pg_dsn, DEAD) == 25
+    everything = relay(env, "dead", "purge", "--all")
+    assert "purged 25 dead letter(s)" in everything.stdout
+    assert await count_rows(env.pg_dsn, DEAD) == 0
+
+
+async def test_dead_replay__dry_run_and_limit_touch_what_they_say(env: Env) -> None:
+    await add_dead_letters(env.pg_dsn, 12, exchange=env.exchange)
+    assert "would replay 12 " in relay(env, "dead", "replay", "--all", "--dry-run").stdout
+    assert await count_rows(env.pg_dsn, DEAD) == 12
+    out = relay(env, "dead", "replay", "--all", "--limit", "5", "--batch-rows", "2")
+    assert "replayed 5 of 5 dead letter(s)" in out.stdout, out.stderr
+    assert (await count_rows(env.pg_dsn, DEAD), await count_rows(env.pg_dsn)) == (7, 5)
+    # Off a terminal, progress comes as log events (JSON on stderr), one per step at most.
+    assert '"event": "progress"' in out.stderr
+
+
+async def test_dead_replay_all__ends_while_the_replayed_rows_die_again_at_once(
+    env: Env, start_relay
+) -> None:
+    # The exchange does not exist and a row gets one attempt: every replayed row is dead again
+    # within a batch. A replay that re-reads "all dead letters" would chase them forever.
+    await add_dead_letters(env.pg_dsn, 200, exchange="no-such-exchange-here")
+    start_relay(max_attempts=1, retry_base_s=0.05, retry_max_s=0.05)
+    out = relay(env, "dead", "replay", "--all", "--batch-rows", "10")
+    assert out.returncode == 0, out.stderr
+    assert "replayed 200 of 200 dead letter(s)" in out.stdout
+
+    async def all_dead_again() -> bool:
+        return await count_rows(env.pg_dsn, DEAD) == 200 and await count_rows(env.pg_dsn) == 0
+
+    await wait_until(all_dead_again, timeout_s=60, what="the replayed rows dead again")

@@ -1,0 +1,77 @@
+"""`relay status --watch`: rates in and out, ETA and dead letters by reason; one JSON line per
+tick off a terminal, redrawn in place on one."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+
+import asyncpg
+
+from tests.helpers import RELAY_BIN, Env
+
+
+async def _sql(dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:  # closing the session flushes its statistics, which the rates come from
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def test_status_watch__one_json_line_per_tick_with_rates_eta_and_dead_reasons(
+    env: Env,
+) -> None:
+    await _sql(env.pg_dsn, "INSERT INTO queue_message_dead (id, created_at, available_at, "
+               "attempts, reason) SELECT gen_random_uuid(), now(), now(), 1, CASE WHEN g <= 3 "
+               "THEN 'exchange_not_found: x' ELSE 'unroutable: rk' END "
+               "FROM generate_series(1, 5) AS g")
+    proc = subprocess.Popen(  # noqa: ASYNC220 - read line by line while the test writes rows
+        [RELAY_BIN, "status", "--watch", "--interval-s", "1", "--count", "3"],
+        env=env.relay_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    first = json.loads(proc.stdout.readline())
+    await _sql(env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content) "
+               "SELECT 'x', 'rk', '{}' FROM generate_series(1, 3000)")
+    await _sql(env.pg_dsn, "DELETE FROM queue_message WHERE seq IN "
+               "(SELECT seq FROM queue_message ORDER BY seq LIMIT 1000)")
+    rest = [json.loads(line) for line in proc.stdout]
+    assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+    ticks = [first, *rest]
+    assert len(ticks) == 3
+    assert first["in_per_s"] is None  # one sample has no rate yet
+    assert first["dead_by_reason"] == {"exchange_not_found": 3, "unroutable": 2}
+    moving = [t for t in ticks[1:] if t["in_per_s"]]
+    assert moving, ticks
+    assert moving[0]["in_per_s"] > 0
+    assert moving[0]["out_per_s"] > 0
+    assert ticks[-1]["due"] == 2000
+    for key in ("oldest_due_age_s", "eta_s", "relays", "notify_mode", "dead"):
+        assert key in ticks[-1]
+
+
+def test_status_watch__redraws_in_place_on_a_terminal(env: Env) -> None:
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [RELAY_BIN, "status", "--watch", "--interval-s", "0.2", "--count", "3"],
+        env=env.relay_env(), stdout=follower, stderr=subprocess.PIPE,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=30) == 0
+    screen = b"".join(chunks).decode()
+    assert screen.count("rate in / out") == 3
+    assert screen.count("\x1b[J") == 2  # cursor back up and clear, before each redraw
+    assert not screen.lstrip().startswith("{")
