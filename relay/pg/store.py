@@ -23,6 +23,9 @@ from relay.settings import OnSuccess, Settings, redact_url
 DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    # A connection whose server vanished mid-statement (kill -9, failover) can surface as
+    # "cannot switch to state ...; another operation is in progress".
+    asyncpg.exceptions.InternalClientError,
     OSError,
     TimeoutError,
 )

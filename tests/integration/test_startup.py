@@ -143,3 +143,16 @@ async def test_migrate__waits_for_a_database_that_comes_up_later(
         assert await conn.fetchval("SELECT to_regclass('queue_message') IS NOT NULL")
     finally:
         await conn.close()
+
+
+async def test_run__sigterm_while_waiting_for_a_server_exits_0(
+    env: Env, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    relay = RelayProcess(
+        env.relay_env(pg_dsn=_via(env.pg_dsn, free_port()), startup_timeout_s=600),
+        tmp_path / "relay.log",
+    ).start()
+    relays.append(relay)
+    await wait_until(lambda: _waiting(relay, "database"), what="connection_waiting (database)")
+    assert await asyncio.to_thread(relay.terminate, 10) == 0
+    assert any(e.get("event") == "relay_stopped" for e in relay.log_events())

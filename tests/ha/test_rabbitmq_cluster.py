@@ -1,0 +1,174 @@
+"""RabbitMQ cluster: two relays given the address list of a private 3-node cluster publish into
+a quorum queue; the node each relay is connected to is stopped in turn (one node down at a
+time, so the queue keeps its majority). Nothing is lost; the relays' duplicates are counted,
+printed and bounded by what was in flight at each stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from tests.chaos.harness import (
+    RobustConsumer,
+    assert_drained,
+    fresh_ids,
+    insert_with_ids,
+    relays,
+    report,
+)
+from tests.ha.rabbit_cluster import RabbitCluster, nodes_of
+from tests.helpers import Env, RelayProcess, wait_until
+
+pytestmark = [
+    pytest.mark.ha,
+    pytest.mark.skipif(
+        find_spec("relay.amqp.nodes") is None,
+        reason="needs RELAY_AMQP_URL address lists (relay/amqp/nodes.py), not on this branch",
+    ),
+]
+
+# At least this many rows, produced at a steady pace over PRODUCE_S (and on, until both stops
+# are done), so that rows flow while each node stops. CI runs the default; the 100,000 of the
+# scenario run with RELAY_TEST_HA_ROWS=100000 (docs/operations.md quotes both).
+ROWS = int(os.environ.get("RELAY_TEST_HA_ROWS", "30000"))
+PRODUCE_S, CHUNK = 60.0, 1000
+BATCH_SIZE, CONCURRENCY, RELAYS = 200, 2, 2
+
+
+@dataclass
+class ClusterConsumer(RobustConsumer):
+    """A RobustConsumer that also tells first deliveries from broker redeliveries.
+
+    A message redelivered by the broker (its consumer's node stopped before the ack) is the
+    consumer's duplicate; a second first delivery of an id is a message the relay published
+    twice.
+    """
+
+    first_deliveries: Counter[str] = field(default_factory=Counter)
+
+    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        if not message.redelivered:
+            self.first_deliveries[str(message.message_id)] += 1
+        await super()._on_message(message)
+
+
+@pytest.fixture
+def cluster() -> Iterator[RabbitCluster]:
+    """A started 3-node cluster, destroyed (processes and folders) after the test."""
+    nodes = RabbitCluster(3)
+    try:
+        yield nodes.start()
+    finally:
+        nodes.destroy()
+
+
+async def _declare(url: str, exchange: str, queue: str) -> None:
+    conn = await aio_pika.connect(url)
+    try:
+        channel = await conn.channel()
+        x = await channel.declare_exchange(exchange, aio_pika.ExchangeType.DIRECT, durable=True)
+        q = await channel.declare_queue(queue, durable=True,
+                                        arguments={"x-queue-type": "quorum"})
+        await q.bind(x, "rk")
+    finally:
+        await conn.close()
+
+
+async def _node_of(relay: RelayProcess, cluster: RabbitCluster) -> str:
+    """The cluster node `relay` publishes through (waiting for its connection)."""
+    found: set[str] = set()
+
+    async def connected() -> bool:
+        found.update(await asyncio.to_thread(nodes_of, cluster, relay.pid))
+        return bool(found)
+
+    await wait_until(connected, timeout_s=60, interval_s=0.5, what="the relay's broker connection")
+    return sorted(found)[0]
+
+
+async def _stop(nodename: str, cluster: RabbitCluster, consumers: list[ClusterConsumer],
+                procs: list[RelayProcess]) -> None:
+    """Stop a node; return once rows flow again and no relay publishes through it."""
+    await asyncio.to_thread(cluster.stop_node, cluster.node_named(nodename))
+    received = sum(len(c.ids) for c in consumers)
+    await wait_until(lambda: sum(len(c.ids) for c in consumers) > received, timeout_s=60,
+                     what=f"deliveries with {nodename} stopped")
+    for relay in procs:
+        assert nodename not in await _node_of(relay, cluster)
+
+
+async def _produce(dsn: str, exchange: str, ids: list[str], done: asyncio.Event) -> None:
+    """Insert CHUNK rows at a steady pace until ROWS are in and `done` is set."""
+    interval_s = PRODUCE_S * CHUNK / ROWS
+    while len(ids) < ROWS or not done.is_set():
+        chunk = fresh_ids(CHUNK)
+        await insert_with_ids(dsn, exchange, "rk", chunk)
+        ids.extend(chunk)
+        await asyncio.sleep(interval_s)
+
+
+async def test_rabbitmq_cluster__node_of_each_relay_stopped_loses_nothing(
+    cluster: RabbitCluster, db: str, tmp_path: Path
+) -> None:
+    exchange, queue = "relay-ha-x", "relay-ha-q"
+    await _declare(cluster.urls[0], exchange, queue)
+    env = Env(pg_dsn=db, amqp_url=",".join(cluster.urls), exchange=exchange, queue=queue)
+    consumers = []
+    for url in cluster.urls:  # one per node: the others carry on while one node is down
+        consumers.append(await ClusterConsumer(url, queue).start())
+    started = time.monotonic()
+    producer: asyncio.Future[None] | None = None
+    try:
+        with relays(env, tmp_path, reconnect_max_s=1, batch_size=BATCH_SIZE,
+                    concurrency=CONCURRENCY) as group:
+            first, second = group.start(), group.start()
+            ids: list[str] = []
+            stops_done = asyncio.Event()
+            producer = asyncio.ensure_future(_produce(db, exchange, ids, stops_done))
+            await wait_until(lambda: sum(c.distinct() for c in consumers) > ROWS // 10,
+                             timeout_s=120, what="flow before the first stop")
+            first_node, second_node = await _node_of(first, cluster), await _node_of(second,
+                                                                                       cluster)
+            await _stop(first_node, cluster, consumers, group.procs)
+            stopped = [first_node]
+            if second_node != first_node:
+                # One node down at a time: the quorum queue keeps its majority.
+                await asyncio.to_thread(cluster.start_node, cluster.node_named(first_node))
+                await _stop(second_node, cluster, consumers, group.procs)
+                stopped.append(second_node)
+            stops_done.set()
+            await producer
+            await wait_until(lambda: set(ids) <= {i for c in consumers for i in c.ids},
+                             timeout_s=300, interval_s=0.5, what="every row delivered")
+            await assert_drained(db)
+            merged = RobustConsumer(env.amqp_url, queue, ids=[i for c in consumers for i in c.ids])
+            lost, duplicates = report("rabbitmq cluster (node of each relay stopped)", ids,
+                                      merged)
+            firsts: Counter[str] = sum((c.first_deliveries for c in consumers), Counter())
+            relay_duplicates = sum(n - 1 for n in firsts.values())
+            bound = len(stopped) * RELAYS * CONCURRENCY * BATCH_SIZE
+            print(f"[ha] stopped {stopped}; relay duplicates={relay_duplicates} "
+                  f"(bound {bound}), consumer redeliveries={duplicates - relay_duplicates}, "
+                  f"rows={len(ids)}, {time.monotonic() - started:.0f}s")
+            assert lost == 0
+            assert relay_duplicates <= bound
+            assert all(p.alive() for p in group.procs)
+            codes = await asyncio.gather(*(asyncio.to_thread(p.terminate, 20)
+                                           for p in group.procs))
+            assert codes == [0, 0]
+    finally:
+        if producer is not None:
+            producer.cancel()
+        for consumer in consumers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(consumer.stop(), timeout=10)
