@@ -110,6 +110,20 @@ async def outbox_state(dsn: str, missing: list[str]) -> str:
     return f"in the outbox: {[tuple(r) for r in live]}; dead: {dead}"
 
 
+async def declare_names(env: Env) -> None:
+    """The test's direct exchange and durable queue (bound with its routing key) on its broker;
+    for a private node, where the shared fixtures do not reach."""
+    conn = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await conn.channel()
+        x = await channel.declare_exchange(env.exchange, aio_pika.ExchangeType.DIRECT,
+                                           durable=True)
+        q = await channel.declare_queue(env.queue, durable=True)
+        await q.bind(x, env.routing_key)
+    finally:
+        await conn.close()
+
+
 def fresh_ids(n: int) -> list[str]:
     """Client-side row ids, so a test knows every id it produced even across faults."""
     return [str(uuid.uuid4()) for _ in range(n)]

@@ -41,7 +41,7 @@ GROUP BY 1, 2
 # A frozen relay sends nothing new, but the server still runs what it had sent: wait until its
 # worker sessions finished (a claim still running would lock rows after the sample).
 BUSY_WORKERS = """
-SELECT a.application_name
+SELECT a.application_name, a.wait_event_type, a.wait_event, left(a.query, 60) AS query
 FROM pg_stat_activity AS a
 WHERE a.datname = current_database()
   AND a.application_name LIKE 'outbox-relay worker %'
@@ -73,11 +73,14 @@ class LockProbe:
         self.dsn = dsn
         self._conn: asyncpg.Connection | None = None
 
-    async def held(self, relay_pids: Iterable[int] | None = None) -> Held:
+    async def held(self, relay_pids: Iterable[int] | None = None,
+                   settle_s: float = 0.5) -> Held | None:
         """Rows held by the sessions of the given relay processes (all relays when None).
 
         Call it with the relays frozen: it first waits until the server finished every query
         their worker sessions had sent, so that the sample is what they hold until thawed.
+        None when a query is still running after `settle_s` (a server blocked writing a result
+        the frozen relay does not read): no exact sample at this instant.
         """
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncpg.connect(self.dsn)
@@ -87,10 +90,10 @@ class LockProbe:
             return [r for r in rows
                     if wanted is None or r["application_name"].rsplit(" ", 1)[-1] in wanted]
 
-        deadline = time.monotonic() + 5.0
-        while busy := mine(await self._conn.fetch(BUSY_WORKERS)):
+        deadline = time.monotonic() + settle_s
+        while mine(await self._conn.fetch(BUSY_WORKERS)):
             if time.monotonic() > deadline:
-                raise AssertionError(f"relay sessions still running a query: {busy}")
+                return None
             await asyncio.sleep(0.002)
         return Held({r["xid"]: int(r["rows"]) for r in mine(await self._conn.fetch(HELD_ROWS))})
 
@@ -165,3 +168,21 @@ class FaultTally:
         """One line for the test's output."""
         return (f"faults={self.faults} in_flight={self.in_flight} "
                 f"rows_in_flight={self.rows_in_flight} per_fault={[h.rows for h in self.hits]}")
+
+
+@contextlib.asynccontextmanager
+async def caught_holding_rows(procs: list[RelayProcess], probe: LockProbe,
+                              timeout_s: float = 15.0) -> AsyncIterator[Held]:
+    """Freeze the relays at an instant they hold claimed rows and run the block (the fault)
+    while they stay frozen; yields what they held. Tries every ~20 ms; after the timeout the
+    block runs anyway and the sample says what it says (a fault that hit nothing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        async with frozen(procs):
+            held = await probe.held([p.pid for p in procs])
+            if held is not None and (held.in_flight or time.monotonic() > deadline):
+                yield held
+                return
+            if held is None and time.monotonic() > deadline:
+                raise AssertionError("relay sessions never idle while frozen: no exact sample")
+        await asyncio.sleep(0.02)  # let them run a little, then look again

@@ -4,10 +4,8 @@ killed processes held at the instant they died."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from tests.chaos.harness import (
     relays,
     report,
 )
-from tests.chaos.inflight import FaultTally, Held, LockProbe, frozen
+from tests.chaos.inflight import FaultTally, Held, LockProbe, caught_holding_rows
 from tests.chaos.producer import ProducerProcess
 from tests.helpers import Env, RelayProcess, wait_until
 
@@ -32,20 +30,13 @@ BACKLOG = 5_000
 RATE = 800  # rows/s from the producer process, on top of the backlog
 
 
-async def kill_mid_batch(victim: RelayProcess, probe: LockProbe, timeout_s: float = 15.0
-                         ) -> Held:
-    """Freeze the victim until it is caught holding claimed rows, then kill -9 it frozen: the
-    rows sampled are exactly what it held when it died. Kills it anyway after the timeout
-    (the sample then says it held nothing)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        async with frozen([victim]):
-            held = await probe.held([victim.pid])
-            if held.in_flight or time.monotonic() > deadline:
-                os.kill(victim.pid, signal.SIGKILL)
-                victim.kill()  # reap it
-                return held
-        await asyncio.sleep(0.02)  # let it run a few ms, then sample again
+async def kill_mid_batch(victim: RelayProcess, probe: LockProbe) -> Held:
+    """kill -9 the victim, frozen at an instant it holds claimed rows: the rows sampled are
+    exactly what it held when it died."""
+    async with caught_holding_rows([victim], probe) as held:
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.kill()  # reap it
+    return held
 
 
 async def test_kill9__replicas_killed_holding_rows_lose_nothing_and_duplicate_at_most_those_rows(
