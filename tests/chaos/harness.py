@@ -15,11 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
 
 from tests.helpers import Env, RelayProcess, count_rows, wait_until
+from tests.proxy import TcpProxy
 
 
 @dataclass
@@ -108,6 +110,20 @@ async def outbox_state(dsn: str, missing: list[str]) -> str:
     finally:
         await conn.close()
     return f"in the outbox: {[tuple(r) for r in live]}; dead: {dead}"
+
+
+def via_proxy(url: str, port: int) -> str:
+    """The same DSN or AMQP URL (user, password, database, query kept) through a local port."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    auth = netloc[0] + "@" if len(netloc) == 2 else ""
+    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
+
+
+async def proxy_for(url: str) -> TcpProxy:
+    """A started proxy to the server of a DSN or AMQP URL."""
+    parts = urlsplit(url)
+    return await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
 
 
 async def declare_names(env: Env) -> None:
@@ -241,6 +257,12 @@ def relays(env: Env, tmp_path: Path, **overrides: object) -> Iterator[Relays]:
         yield group
     finally:
         group.kill_all()
+
+
+async def stop_relay(relay: RelayProcess, timeout_s: float = 15.0) -> int:
+    """SIGTERM a relay and wait for its exit code without blocking the event loop (a proxy or
+    a consumer of the test may run on it)."""
+    return await asyncio.to_thread(relay.terminate, timeout_s)
 
 
 async def assert_drained(dsn: str, timeout_s: float = 60.0) -> None:
