@@ -25,12 +25,13 @@ import asyncpg
 
 from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
-from relay.settings import NotifyMode
+from relay.settings import NotifyMode, Settings
 
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 RELAY_BIN = str(Path(sys.executable).with_name("relay"))
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
+DEFAULT_NOTIFY: NotifyMode = Settings.model_fields["notify"].default
 ROUTING_KEY = "rk"
 
 # ~200-byte JSON body, as in the issue's measurements.
@@ -70,8 +71,9 @@ class BenchEnv:
         return env
 
 
-async def create_env(tag: str) -> BenchEnv:
-    """A migrated database and a durable queue bound to a direct exchange, all new."""
+async def create_env(tag: str, notify: NotifyMode = DEFAULT_NOTIFY) -> BenchEnv:
+    """A migrated database (in `notify` mode, by default the mode users get) and a durable
+    queue bound to a direct exchange, all new."""
     suffix = f"{tag}_{secrets.token_hex(3)}"
     database = f"bench_{suffix}"
     admin = await asyncpg.connect(PG_ADMIN_DSN)
@@ -82,7 +84,7 @@ async def create_env(tag: str) -> BenchEnv:
     dsn = with_database(PG_ADMIN_DSN, database)
     conn = await asyncpg.connect(dsn)
     try:
-        await migrate(conn, NAMES, NotifyMode.ALWAYS)
+        await migrate(conn, NAMES, notify)
     finally:
         await conn.close()
     env = BenchEnv(dsn, database, f"bench-{suffix}-x", f"bench-{suffix}-q")

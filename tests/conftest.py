@@ -14,12 +14,13 @@ import structlog
 
 from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
-from relay.settings import NotifyMode
+from relay.settings import NotifyMode, Settings
 from tests import services
 from tests.helpers import Consumer, Env, RelayProcess, with_database
 from tests.servers.rabbitmq_node import RabbitNode
 
 RUN_ID = secrets.token_hex(3)
+NAMES = TableNames(None, "queue_message", "queue_message_notify")
 
 
 @pytest.fixture(autouse=True)
@@ -55,17 +56,27 @@ async def _drop_database(admin: asyncpg.Connection, name: str) -> None:
     await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# The mode `relay migrate` installs when RELAY_NOTIFY is unset: what users get.
+DEFAULT_NOTIFY_MODE: NotifyMode = Settings.model_fields["notify"].default
+
+
+@pytest.fixture
+def notify_mode() -> NotifyMode:
+    """The notify mode of the test's database: the default, unless the test parametrises it
+    (`@pytest.mark.parametrize("notify_mode", [NotifyMode.ALWAYS, ...])`)."""
+    return DEFAULT_NOTIFY_MODE
+
+
 @pytest.fixture(scope="session")
 async def template_db(pg_admin_dsn: str) -> AsyncIterator[str]:
-    """A database migrated once per run; each test clones it."""
+    """A database migrated once per run in the default notify mode; each test clones it."""
     name = f"relay_tpl_{RUN_ID}"
     admin = await asyncpg.connect(pg_admin_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
         conn = await asyncpg.connect(with_database(pg_admin_dsn, name))
         try:
-            await migrate(conn, TableNames(None, "queue_message", "queue_message_notify"),
-                          NotifyMode.ALWAYS)
+            await migrate(conn, NAMES, DEFAULT_NOTIFY_MODE)
         finally:
             await conn.close()
         yield name
@@ -94,9 +105,15 @@ async def empty_db(pg_admin_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def db(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """DSN of a migrated database of this test's own."""
+async def db(pg_admin_dsn: str, template_db: str, notify_mode: NotifyMode) -> AsyncIterator[str]:
+    """DSN of a migrated database of this test's own, in the test's notify mode."""
     async for dsn in _scratch_database(pg_admin_dsn, template_db):
+        if notify_mode is not DEFAULT_NOTIFY_MODE:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await migrate(conn, NAMES, notify_mode)
+            finally:
+                await conn.close()
         yield dsn
 
 

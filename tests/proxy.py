@@ -1,8 +1,18 @@
-"""A TCP proxy a test can cut and restore, to take a server away from one relay only.
+"""The one TCP proxy of the tests: it takes a server away from one relay only, loudly or
+silently, while the shared servers stay up for everyone else.
 
-The shared servers stay up for everyone else: the relay under test talks to the proxy's port,
-and `cut()` closes the listening socket and every open connection through it; `restore()`
-listens on the same port again.
+The relay under test talks to the proxy's port. Three states:
+
+- forwarding (after `start()` / `restore()`);
+- cut (`cut()`): every open connection is reset and new ones are refused, as when a server
+  or a link goes down and the peer's kernel says so;
+- black hole (`black_hole()`): sockets stay open and nothing is forwarded, either way; the
+  bytes sent are held, new connections are accepted and held too. Nothing tells either end:
+  only keepalives, heartbeats and timeouts can notice. `restore()` resets the held
+  connections (their peers gave up on them, or will) and forwards new ones.
+
+`client_closes` records when a client closed a connection the black hole held: the moment the
+relay gave up on it by itself.
 """
 
 from __future__ import annotations
@@ -11,6 +21,8 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import time
+from dataclasses import dataclass, field
 
 
 def free_port() -> int:
@@ -20,8 +32,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(eq=False)  # identity hash: links live in a set
+class _Link:
+    """One client connection and, unless held from the start, its upstream connection."""
+
+    client: asyncio.StreamWriter
+    upstream: asyncio.StreamWriter | None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    held_bytes: int = 0
+
+
 class TcpProxy:
-    """Forwards 127.0.0.1:<port> to a target host and port, until cut."""
+    """Forwards 127.0.0.1:<port> to a target host and port; can cut or black-hole it."""
 
     def __init__(
         self,
@@ -32,13 +54,14 @@ class TcpProxy:
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.target_host = target_host
-        self.tls = tls  # terminate TLS on the proxy's side (clients speak TLS, target plain)
         self.target_port = target_port
+        self.tls = tls  # terminate TLS on the proxy's side (clients speak TLS, target plain)
         self.port = port or free_port()
-        self._server: asyncio.Server | None = None
-        self._pipes: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
         self.connections_made = 0
+        self.black_holed_at: float | None = None
+        self.client_closes: list[float] = []  # monotonic times a client closed a held link
+        self._server: asyncio.Server | None = None
+        self._links: set[_Link] = set()
 
     async def start(self) -> TcpProxy:
         """Listen (again) on the proxy's port."""
@@ -47,56 +70,92 @@ class TcpProxy:
         )
         return self
 
-    async def restore(self) -> None:
-        """Listen again after a cut."""
-        if self._server is None:
-            await self.start()
+    @property
+    def holding(self) -> bool:
+        """The proxy is a black hole right now."""
+        return self.black_holed_at is not None
+
+    def black_hole(self) -> None:
+        """From now on forward nothing and close nothing; hold whatever arrives."""
+        self.black_holed_at = time.monotonic()
+        self.client_closes.clear()
 
     async def cut(self) -> None:
-        """Stop listening and drop every open connection at once."""
+        """Reset every open connection and refuse new ones until restore()."""
+        self.black_holed_at = None
         server, self._server = self._server, None
         if server is not None:
             server.close()
-        for writer in list(self._writers):
-            with contextlib.suppress(Exception):
-                writer.transport.abort()
-        for task in list(self._pipes):
-            task.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
-        self._pipes.clear()
-        self._writers.clear()
+        await self._reset_all()
         if server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), timeout=2)
+
+    async def restore(self) -> None:
+        """Forward again: after a cut, listen again; after a black hole, reset the held
+        connections (as their peers' timeouts would) and forward new ones."""
+        if self.holding:
+            self.black_holed_at = None
+            await self._reset_all()
+        if self._server is None:
+            await self.start()
 
     async def close(self) -> None:
         """Cut for good."""
         await self.cut()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(
-                self.target_host, self.target_port
-            )
-        except OSError:
-            writer.transport.abort()
-            return
-        self.connections_made += 1
-        self._writers.update({writer, up_writer})
-        for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.ensure_future(self._pipe(src, dst))
-            self._pipes.add(task)
-            task.add_done_callback(self._pipes.discard)
+    async def _reset_all(self) -> None:
+        links, self._links = list(self._links), set()
+        for link in links:
+            _reset(link.client)
+            if link.upstream is not None:
+                _reset(link.upstream)
+            for task in link.tasks:
+                task.cancel()
+        await asyncio.gather(*(t for link in links for t in link.tasks), return_exceptions=True)
 
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        if not self.holding:
+            try:
+                upstream = await asyncio.open_connection(self.target_host, self.target_port)
+            except OSError:
+                _reset(writer)
+                return
+        self.connections_made += 1
+        link = _Link(writer, upstream[1] if upstream else None)
+        self._links.add(link)
+        link.tasks.append(asyncio.ensure_future(self._pump(link, reader, link.upstream,
+                                                           from_client=True)))
+        if upstream is not None:
+            link.tasks.append(asyncio.ensure_future(self._pump(link, upstream[0], writer,
+                                                               from_client=False)))
+
+    async def _pump(self, link: _Link, src: asyncio.StreamReader,
+                    dst: asyncio.StreamWriter | None, *, from_client: bool) -> None:
         try:
             while data := await src.read(65536):
+                if self.holding or dst is None:
+                    link.held_bytes += len(data)
+                    continue
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
             pass
-        finally:
-            # One side ended: end both, as a real cut would.
-            with contextlib.suppress(Exception):
-                dst.transport.abort()
-            self._writers.discard(dst)
+        if self.holding:
+            # One end gave up on a connection the black hole holds: the other end hears
+            # nothing (a silent cut). Note when the client (the relay) did.
+            if from_client:
+                self.client_closes.append(time.monotonic())
+            return
+        # One side ended while forwarding: end both, as a real cut would.
+        for w in (link.client, link.upstream):
+            if w is not None:
+                _reset(w)
+        self._links.discard(link)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    # abort() drops the socket at once (no graceful FIN handshake), like a broken link.
+    with contextlib.suppress(Exception):
+        writer.transport.abort()

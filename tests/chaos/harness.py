@@ -15,11 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
 
 from tests.helpers import Env, RelayProcess, count_rows, wait_until
+from tests.proxy import TcpProxy
 
 
 @dataclass
@@ -32,7 +34,12 @@ class RobustConsumer:
     amqp_url: str
     queue: str
     ids: list[str] = field(default_factory=list)
+    # message ids of the receipts the broker flagged redelivered (its own retries to us)
+    redelivered: list[str] = field(default_factory=list)
     arrivals: dict[str, float] = field(default_factory=dict)
+    # Manual acks survive a broker restart (unacked messages are redelivered); tests that
+    # never stop the consumer's broker consume without acks, about twice as fast.
+    manual_ack: bool = True
     _conn: Any = None
 
     async def start(self) -> RobustConsumer:
@@ -43,15 +50,18 @@ class RobustConsumer:
         queue = await channel.get_queue(self.queue, ensure=True)
         # Manual acks: with no_ack, messages on the wire when the broker stops would be gone
         # and counted as lost by the relay's test; unacked ones are redelivered instead.
-        await queue.consume(self._on_message, no_ack=False)
+        await queue.consume(self._on_message, no_ack=not self.manual_ack)
         return self
 
     async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         mid = str(message.message_id)
         self.ids.append(mid)
+        if message.redelivered:
+            self.redelivered.append(mid)
         self.arrivals.setdefault(mid, time.monotonic())
-        with contextlib.suppress(Exception):
-            await message.ack()
+        if self.manual_ack:
+            with contextlib.suppress(Exception):
+                await message.ack()
 
     async def stop(self) -> None:
         """Close the connection."""
@@ -102,6 +112,34 @@ async def outbox_state(dsn: str, missing: list[str]) -> str:
     return f"in the outbox: {[tuple(r) for r in live]}; dead: {dead}"
 
 
+def via_proxy(url: str, port: int) -> str:
+    """The same DSN or AMQP URL (user, password, database, query kept) through a local port."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    auth = netloc[0] + "@" if len(netloc) == 2 else ""
+    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
+
+
+async def proxy_for(url: str) -> TcpProxy:
+    """A started proxy to the server of a DSN or AMQP URL."""
+    parts = urlsplit(url)
+    return await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
+
+
+async def declare_names(env: Env) -> None:
+    """The test's direct exchange and durable queue (bound with its routing key) on its broker;
+    for a private node, where the shared fixtures do not reach."""
+    conn = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await conn.channel()
+        x = await channel.declare_exchange(env.exchange, aio_pika.ExchangeType.DIRECT,
+                                           durable=True)
+        q = await channel.declare_queue(env.queue, durable=True)
+        await q.bind(x, env.routing_key)
+    finally:
+        await conn.close()
+
+
 def fresh_ids(n: int) -> list[str]:
     """Client-side row ids, so a test knows every id it produced even across faults."""
     return [str(uuid.uuid4()) for _ in range(n)]
@@ -135,14 +173,54 @@ async def produce(
     return ids
 
 
-def report(name: str, ids: list[str], consumer: RobustConsumer) -> tuple[int, int]:
-    """Print and return (lost, duplicates) for the ids a test produced."""
+@dataclass(frozen=True)
+class Outcome:
+    """What a consumer received against what a test produced.
+
+    `republished` counts the relay's duplicates: repeats among first deliveries (the broker
+    flags its own redeliveries to a consumer whose ack it lost; those are `redelivered`).
+    """
+
+    produced: int
+    received: int
+    lost: int
+    unexpected: int
+    duplicates: int
+    republished: int
+    redelivered: int
+
+    def line(self) -> str:
+        """The counts, for the test's output."""
+        return (f"produced={self.produced} received={self.received} lost={self.lost} "
+                f"unexpected={self.unexpected} duplicates={self.duplicates} "
+                f"(relay republished={self.republished}, broker redelivered={self.redelivered})")
+
+
+def report(name: str, ids: list[str], consumer: RobustConsumer) -> Outcome:
+    """Print and return the outcome for the ids a test produced."""
     got = Counter(consumer.ids)
-    lost = sum(1 for i in ids if i not in got)
-    duplicates = sum(n - 1 for n in got.values())
-    print(f"\n[chaos] {name}: produced={len(ids)} received={len(consumer.ids)} "
-          f"lost={lost} duplicates={duplicates}")
-    return lost, duplicates
+    first = Counter(consumer.ids)
+    first.subtract(Counter(consumer.redelivered))
+    outcome = Outcome(
+        produced=len(ids),
+        received=len(consumer.ids),
+        lost=len(set(ids) - set(got)),
+        unexpected=len(set(got) - set(ids)),
+        duplicates=sum(n - 1 for n in got.values()),
+        republished=sum(n - 1 for n in first.values() if n > 1),
+        redelivered=len(consumer.redelivered),
+    )
+    print(f"\n[chaos] {name}: {outcome.line()}")
+    return outcome
+
+
+def assert_exactly_delivered(ids: list[str], consumer: RobustConsumer, outcome: Outcome,
+                             max_republished: int) -> None:
+    """Every produced id arrived, nothing else did, and the relay's duplicates stay within
+    what the faults could have caught in flight."""
+    assert set(consumer.ids) == set(ids), outcome.line()
+    assert outcome.republished <= max_republished, (
+        f"{outcome.republished} republished > {max_republished} rows in flight: {outcome.line()}")
 
 
 class Relays:
@@ -179,6 +257,12 @@ def relays(env: Env, tmp_path: Path, **overrides: object) -> Iterator[Relays]:
         yield group
     finally:
         group.kill_all()
+
+
+async def stop_relay(relay: RelayProcess, timeout_s: float = 15.0) -> int:
+    """SIGTERM a relay and wait for its exit code without blocking the event loop (a proxy or
+    a consumer of the test may run on it)."""
+    return await asyncio.to_thread(relay.terminate, timeout_s)
 
 
 async def assert_drained(dsn: str, timeout_s: float = 60.0) -> None:

@@ -1,100 +1,110 @@
-"""A 10 s network cut between the relay and each server, through a TCP proxy the test
-controls: nothing is lost, the relay claims nothing while RabbitMQ is away, each outage is
-logged once."""
+"""The link between a relay and each server is reset (through the test's TCP proxy) while the
+relay holds claimed rows and a producer process keeps inserting: nothing is lost, duplicates
+stay within the rows in flight, the relay holds no claim while RabbitMQ is away, each outage
+is logged once."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 
-from tests.chaos.harness import RobustConsumer, assert_drained, produce, relays, report
-from tests.chaos.proxy import TcpProxy
-from tests.helpers import Env, wait_until
+from tests.chaos.harness import (
+    RobustConsumer,
+    assert_drained,
+    assert_exactly_delivered,
+    fresh_ids,
+    insert_with_ids,
+    proxy_for,
+    relays,
+    report,
+    stop_relay,
+    via_proxy,
+)
+from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
+from tests.chaos.producer import ProducerProcess
+from tests.helpers import Env, count_rows, wait_until
 
 pytestmark = pytest.mark.chaos
 
-CUT_S = 10.0
+BACKLOG = 5_000
+RATE = 1_000
+AWAY_S = 2.0  # how long RabbitMQ stays away once the relay noticed
 
 
-def _via(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    auth = netloc[0] + "@" if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
-
-
-async def _proxy_for(url: str) -> TcpProxy:
-    parts = urlsplit(url)
-    return await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
-
-
-async def test_network_cut__ten_seconds_to_each_server_loses_nothing(
+async def test_network_cut__links_reset_mid_batch_lose_nothing_and_claim_nothing_while_away(
     env: Env, tmp_path: Path
 ) -> None:
-    pg_proxy = await _proxy_for(env.pg_dsn)
-    amqp_proxy = await _proxy_for(env.amqp_url)
-    consumer = await RobustConsumer(env.amqp_url, env.queue).start()
+    pg_proxy = await proxy_for(env.pg_dsn)
+    amqp_proxy = await proxy_for(env.amqp_url)
+    backlog = fresh_ids(BACKLOG)
+    await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, backlog)
+    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
+    probe = LockProbe(env.pg_dsn)
+    # The producer talks to PostgreSQL directly: rows keep arriving during both cuts.
+    producer = ProducerProcess(env.pg_dsn, env.exchange, env.routing_key, tmp_path / "ids",
+                               rate=RATE, chunk=50)
+    tally = FaultTally("network cut")
     try:
-        with relays(env, tmp_path, pg_dsn=_via(env.pg_dsn, pg_proxy.port),
-                    amqp_url=_via(env.amqp_url, amqp_proxy.port), reconnect_max_s=2,
+        with relays(env, tmp_path, pg_dsn=via_proxy(env.pg_dsn, pg_proxy.port),
+                    amqp_url=via_proxy(env.amqp_url, amqp_proxy.port), reconnect_max_s=2,
                     poll_interval_s=1) as group:
             relay = group.start()
-            # The producer talks to PostgreSQL directly: rows keep arriving during both cuts.
-            producer = asyncio.ensure_future(produce(env, 9_000, chunk=100, interval_s=0.3))
-            await wait_until(lambda: consumer.distinct() > 1000, what="flow before the cut")
+            await wait_until(lambda: '"relay_started"' in relay.log_text(), what="start")
+            await producer.start()
 
-            pg_proxy.cut()
-            await asyncio.sleep(CUT_S)
-            pg_proxy.restore()
-            await wait_until(lambda: _database_events(group, "connection_restored"), timeout_s=30,
-                             what="connection_restored (database)")
+            async with caught_holding_rows([relay], probe) as held:
+                await pg_proxy.cut()
+            tally.record(held)
+            await wait_until(lambda: _database_events(group, "connection_lost"), what="db outage")
+            await pg_proxy.restore()
+            await wait_until(lambda: _database_events(group, "connection_restored"), timeout_s=60,
+                             what="database_reconnected")
 
-            before = consumer.distinct()
-            amqp_proxy.cut()
+            async with caught_holding_rows([relay], probe) as held:
+                await amqp_proxy.cut()
+            tally.record(held)
             try:
-                await asyncio.sleep(CUT_S / 2)
-                # While RabbitMQ is away the relay claims nothing: every row is lockable.
-                total, lockable = await _lockable_rows(env.pg_dsn)
-                assert total > 0, "rows kept coming during the cut"
-                assert lockable == total, "the relay holds no claim while the broker is away"
-                await asyncio.sleep(CUT_S / 2)
+                await wait_until(lambda: group.events("broker_connection_lost"),
+                                 what="broker_connection_lost")
+                # While RabbitMQ is away the relay claims nothing, and rows keep coming.
+                async def holds_nothing() -> bool:
+                    h = await probe.held([relay.pid])
+                    return h is not None and not h.in_flight
+                await wait_until(holds_nothing, timeout_s=20, what="claims released")
+                away_until = time.monotonic() + AWAY_S
+                before = await count_rows(env.pg_dsn)
+                while time.monotonic() < away_until:
+                    assert await holds_nothing(), "a claim while the broker is away"
+                    await asyncio.sleep(0.05)
+                assert await count_rows(env.pg_dsn) > before, "rows kept coming meanwhile"
             finally:
-                amqp_proxy.restore()
+                await amqp_proxy.restore()
+            await wait_until(lambda: group.events("broker_reconnected"), timeout_s=60,
+                             what="broker_reconnected")
 
-            ids = await producer
-            await consumer.wait_all(ids, timeout_s=90, dsn=env.pg_dsn)
+            ids = backlog + await producer.stop()
+            await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
             await assert_drained(env.pg_dsn)
-            lost, _duplicates = report("network cut 10 s (pg, then amqp)", ids, consumer)
-            assert lost == 0
-            assert before > 1000
+            outcome = report("network cut (pg, then amqp)", ids, consumer)
+            print(f"[chaos] network cut: {tally.summary()}")
+            assert tally.in_flight == 2, tally.summary()
+            assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
             assert relay.alive()
-            assert len(_database_events(group, "connection_lost")) == 1
-            assert len(group.events("broker_connection_lost")) == 1
-            assert len(group.events("broker_reconnected")) == 1
+            for event in ("connection_lost", "connection_restored"):
+                assert len(_database_events(group, event)) == 1, event
+            for event in ("broker_connection_lost", "broker_reconnected"):
+                assert len(group.events(event)) == 1, event
             # The proxies run on this event loop: wait for the exit without blocking it.
-            assert await asyncio.to_thread(relay.terminate, 15) == 0
+            assert await stop_relay(relay) == 0
     finally:
+        producer.kill()
+        await probe.close()
         await consumer.stop()
         await pg_proxy.close()
         await amqp_proxy.close()
-
-
-async def _lockable_rows(dsn: str) -> tuple[int, int]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        async with conn.transaction():
-            total = await conn.fetchval("SELECT count(*) FROM queue_message")
-            lockable = await conn.fetchval(
-                "SELECT count(*) FROM (SELECT 1 FROM queue_message FOR UPDATE SKIP LOCKED) AS s")
-            await conn.execute("ROLLBACK")
-            await conn.execute("BEGIN")
-    finally:
-        await conn.close()
-    return int(total), int(lockable)
 
 
 def _database_events(group: object, event: str) -> list[object]:

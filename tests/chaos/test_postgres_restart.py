@@ -1,5 +1,6 @@
-"""PostgreSQL restarts mid-flow (a private cluster, never the shared one): nothing is lost,
-no row stays locked, each outage is logged once."""
+"""PostgreSQL restarts (a private cluster, never the shared one) while relays hold claimed rows
+of a backlog still draining: nothing is lost, no row stays locked, the batches in flight are
+rolled back, duplicates stay within the rows they held, each outage is logged once."""
 
 from __future__ import annotations
 
@@ -8,20 +9,26 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from tests.chaos.harness import (
     RobustConsumer,
     assert_drained,
+    assert_exactly_delivered,
     fresh_ids,
     insert_with_ids,
     relays,
     report,
 )
+from tests.chaos.inflight import FaultTally, Held, LockProbe, caught_holding_rows
 from tests.chaos.pgcluster import PrivateCluster
-from tests.helpers import RELAY_BIN, Env, wait_until
+from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, wait_until
 
 pytestmark = pytest.mark.chaos
+
+BACKLOG = 40_000
+REPLICAS = 2
 
 
 @pytest.fixture
@@ -35,34 +42,72 @@ def private_pg() -> Iterator[PrivateCluster]:
         cluster.destroy()
 
 
-async def test_postgres_restart__mid_flow_loses_nothing_and_leaves_nothing_locked(
+async def _restart_mid_batch(cluster: PrivateCluster, procs: list[RelayProcess],
+                             probe: LockProbe, dsn: str) -> tuple[Held, int]:
+    """Freeze the relays at an instant they hold claimed rows, stop PostgreSQL (fast: open
+    transactions roll back), thaw them into the outage, start PostgreSQL again."""
+    async with caught_holding_rows(procs, probe, timeout_s=30) as held:
+        left = await count_rows(dsn)
+        await probe.close()
+        await asyncio.to_thread(cluster.stop, "fast")
+    await asyncio.to_thread(cluster.start)
+    return held, left
+
+
+async def test_postgres_restart__mid_batch_loses_nothing_and_rolls_back_what_was_in_flight(
     private_pg: PrivateCluster, amqp_url: str, broker_names: tuple[str, str], tmp_path: Path
 ) -> None:
     env = Env(pg_dsn=private_pg.dsn, amqp_url=amqp_url, exchange=broker_names[0],
               queue=broker_names[1])
+    # `relay migrate` as users run it: the default notify mode.
     await asyncio.to_thread(subprocess.run, [RELAY_BIN, "migrate"], env=env.relay_env(),
                             check=True, capture_output=True, timeout=60)
-    ids = fresh_ids(15_000)
-    for start in range(0, len(ids), 5000):
-        await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids[start:start + 5000])
-    consumer = await RobustConsumer(env.amqp_url, env.queue).start()
+    ids = fresh_ids(BACKLOG)
+    await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids)
+    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
+    probe = LockProbe(env.pg_dsn)
+    tally = FaultTally("postgres restart")
     try:
-        with relays(env, tmp_path, reconnect_max_s=2, batch_size=200) as group:
-            relay = group.start()
-            await wait_until(lambda: consumer.distinct() > 2000, what="flow before the fault")
-            private_pg.stop("fast")
-            await asyncio.sleep(3.0)
-            private_pg.start()
-            await consumer.wait_all(ids, timeout_s=90, dsn=env.pg_dsn)
+        with relays(env, tmp_path, reconnect_max_s=2, batch_size=200, concurrency=2) as group:
+            procs = [group.start() for _ in range(REPLICAS)]
+            for p in procs:  # a relay still starting exits when PostgreSQL is away
+                await wait_until(lambda p=p: '"relay_started"' in p.log_text(), what="start")
+            held, left = await _restart_mid_batch(private_pg, procs, probe, env.pg_dsn)
+            tally.record(held)
+            await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
             await assert_drained(env.pg_dsn)
-            lost, _duplicates = report("postgres restart", ids, consumer)
-            assert lost == 0
-            assert relay.alive()
-            # The pool's Supervisor logs the outage once (the LISTEN session logs its own).
-            pool = [e for e in group.events("connection_lost") if e["connection"] == "database"]
-            back = [e for e in group.events("connection_restored")
-                    if e["connection"] == "database"]
-            assert (len(pool), len(back)) == (1, 1)
-            assert relay.terminate() == 0
+            outcome = report("postgres restart", ids, consumer)
+            print(f"[chaos] postgres restart: {tally.summary()} rows_left={left}")
+            assert tally.in_flight == 1, tally.summary()
+            assert left > held.rows, "the backlog was still draining"
+            assert await _statuses(env.pg_dsn, tally) == {"aborted"}, "batches rolled back"
+            assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
+            assert all(p.alive() for p in procs)
+            assert [p.terminate() for p in procs] == [0] * REPLICAS
+            for p in procs:
+                _assert_outage_logged_once(p)
     finally:
+        await probe.close()
         await consumer.stop()
+
+
+def _assert_outage_logged_once(relay: RelayProcess) -> None:
+    """One outage of the worker's pool: connection_lost then connection_restored, once each
+    (the LISTEN session logs its own), and no drain_failed: every driver error of the outage
+    is translated into a database error."""
+    events = relay.log_events()
+    assert not [e for e in events if e["event"] == "drain_failed"], events
+    pool = [e["event"] for e in events if e.get("connection") == "database"]
+    assert pool == ["connection_lost", "connection_restored"], pool
+
+
+async def _statuses(dsn: str, tally: FaultTally) -> set[str]:
+    """Commit status of every relay transaction sampled at a fault (a fresh cluster: epoch 0)."""
+    xids = [x for held in tally.hits for x in held.rows_by_xid]
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT pg_xact_status(x::xid8) FROM unnest($1::text[]) AS x",
+                                xids)
+    finally:
+        await conn.close()
+    return {r[0] for r in rows}

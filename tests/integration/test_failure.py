@@ -3,7 +3,6 @@ dead-letter and prune commands."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 from typing import Any
@@ -128,39 +127,6 @@ async def test_prune__deletes_archived_rows_older_than_the_age_in_bounded_batche
     assert "pruned 250 " in out.stdout
     assert await count_rows(env.pg_dsn, "queue_message_archive") == 50
     assert _relay_cli(env, "prune", "--older-than", "soon").returncode == 2
-
-
-async def test_connection_blocked__claims_nothing_until_the_alarm_clears(
-    env: Env, consumer: Consumer, start_relay
-) -> None:
-    relay = start_relay()
-    await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"warm": 1}])
-    await consumer.wait_for(1)
-    # A memory alarm on the shared node, as short as possible, always cleared.
-    try:
-        _rabbitmqctl("set_vm_memory_high_watermark", "0.0000001")
-        # Another connection's publish is what makes the broker send connection.blocked to
-        # every publishing connection; ours publishes too, so wait for its log line.
-        await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"held": 1}])
-        await wait_until(lambda: _logged(relay, "broker_blocked"), timeout_s=30,
-                         what="broker_blocked in the relay log")
-        await asyncio.sleep(1.0)  # the held row must not be delivered while blocked
-        assert len(consumer.messages) == 1
-        dead_or_retried = await _fetch(env.pg_dsn, "SELECT attempts FROM queue_message")
-        assert [r[0] for r in dead_or_retried] == [0], "a blocked publish is not the row's fault"
-    finally:
-        _rabbitmqctl("set_vm_memory_high_watermark", "0.4")
-    await consumer.wait_for(2, timeout_s=60)
-    await wait_until(lambda: _logged(relay, "broker_unblocked"), what="broker_unblocked")
-    assert relay.alive()
-
-
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
-
-
-def _logged(relay: Any, event: str) -> bool:
-    return any(e.get("event") == event for e in relay.log_events())
 
 
 async def test_unknown_exchange__only_that_row_fails_and_the_rest_of_the_batch_flows(

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from relay.errors import DatabaseError
+from relay.settings import NotifyMode
 from relay.spark import (
     OutboxColumnError,
     SparkWriteError,
@@ -108,6 +109,9 @@ async def test_write_outbox__relay_delivers_each_row_once_with_row_id_as_message
     assert by_n[12_345] == {"n": 12_345, "text": "héllo ✓", "amount": {"cents": 1_234_500}}
 
 
+# Counts the notifications of `always`: in the default (conditional) mode only a sleeping relay
+# is notified, and no relay runs here.
+@pytest.mark.parametrize("notify_mode", [NotifyMode.ALWAYS])
 async def test_staged__run_twice_inserts_each_id_once_and_wakes_the_relay_once(
     spark: Any, db: str
 ) -> None:
