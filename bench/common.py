@@ -25,11 +25,13 @@ import asyncpg
 
 from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
-from relay.settings import NotifyMode
+from relay.settings import NotifyMode, Settings
 
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 RELAY_BIN = str(Path(sys.executable).with_name("relay"))
+# What a user gets from `relay migrate` with no settings.
+DEFAULT_MODE: NotifyMode = Settings.model_fields["notify"].default
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 ROUTING_KEY = "rk"
 
@@ -70,8 +72,12 @@ class BenchEnv:
         return env
 
 
-async def create_env(tag: str) -> BenchEnv:
-    """A migrated database and a durable queue bound to a direct exchange, all new."""
+async def create_env(tag: str, mode: NotifyMode | None = None) -> BenchEnv:
+    """A migrated database and a durable queue bound to a direct exchange, all new.
+
+    The trigger is the one `relay migrate` installs by default (the `RELAY_NOTIFY` default)
+    unless a scenario asks for another mode, which it then reports beside the default.
+    """
     suffix = f"{tag}_{secrets.token_hex(3)}"
     database = f"bench_{suffix}"
     admin = await asyncpg.connect(PG_ADMIN_DSN)
@@ -82,7 +88,7 @@ async def create_env(tag: str) -> BenchEnv:
     dsn = with_database(PG_ADMIN_DSN, database)
     conn = await asyncpg.connect(dsn)
     try:
-        await migrate(conn, NAMES, NotifyMode.ALWAYS)
+        await migrate(conn, NAMES, mode or DEFAULT_MODE)
     finally:
         await conn.close()
     env = BenchEnv(dsn, database, f"bench-{suffix}-x", f"bench-{suffix}-q")
@@ -95,6 +101,15 @@ async def create_env(tag: str) -> BenchEnv:
     finally:
         await amqp.close()
     return env
+
+
+async def set_mode(env: BenchEnv, mode: NotifyMode) -> None:
+    """`relay migrate` with this mode on the live table (running relays follow it)."""
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        await migrate(conn, NAMES, mode)
+    finally:
+        await conn.close()
 
 
 async def drop_env(env: BenchEnv) -> None:
@@ -278,3 +293,23 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
     busy = (total1 - total0) - (idle1 - idle0)
     out["machine_busy"] = round(busy / wall, 3)
     out["other"] = round(out["machine_busy"] - out["relay"] - out["postgres"] - out["rabbitmq"], 3)
+
+
+# ---------------------------------------------------------------------- run metadata
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores (nproc), memory, kernel."""
+    model = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    return {"cpu": model, "nproc": os.cpu_count(), "memory_gb": round(mem_kb / 1e6, 1),
+            "kernel": os.uname().release}
+
+
+def load_before() -> list[float]:
+    """The load average (1, 5, 15 min) right before a run starts."""
+    return [round(x, 2) for x in os.getloadavg()]

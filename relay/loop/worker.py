@@ -26,7 +26,7 @@ from relay.interfaces import (
 from relay.loop import ordering
 from relay.loop.retry import RetryPolicy, plan_settlement
 from relay.options import parse_options
-from relay.pg.wakeup import AlwaysNotified, WakeupGate
+from relay.pg.wakeup import AlwaysNotified, SleepPlan, WakeupGate
 from relay.supervise import Backoff, Supervisor
 
 log = structlog.get_logger("relay.loop.worker")
@@ -148,12 +148,17 @@ class Worker:
         whether producers notify meanwhile (relay/pg/wakeup.py)."""
         found_rows = self.claimed_total > self._claimed_at_sleep
         self._claimed_at_sleep = self.claimed_total
-        timeout = await self._sleep_budget_s()
-        if timeout > 0 and await self.gate.prepare_sleep(self._wake, found_rows):
+        plan = SleepPlan()
+        if not self._wake.is_set():
+            plan = await self.gate.prepare_sleep(self._wake, found_rows)
+        if plan.sweep:
             # Producers that saw this relay awake skipped the NOTIFY; the gate waited until
-            # they all ended, so one more sweep finds their rows before the relay sleeps.
+            # they all ended and saw rows due, so one more sweep finds them before sleeping.
+            claimed, published = self.claimed_total, self.published_total
             await self._sweep()
-            timeout = await self._sleep_budget_s()
+            if self.claimed_total - claimed > self.published_total - published:
+                plan = SleepPlan()  # it rescheduled rows: the due time read before is stale
+        timeout = await self._sleep_budget_s(plan)
         cap = self.gate.sleep_cap_s()
         if cap is not None:
             timeout = min(timeout, cap)
@@ -181,14 +186,17 @@ class Worker:
         await db.pause()
         self._wake.set()
 
-    async def _sleep_budget_s(self) -> float:
-        """Poll interval, or less when a delayed row falls due sooner."""
+    async def _sleep_budget_s(self, plan: SleepPlan) -> float:
+        """Poll interval, or less when a delayed row falls due sooner; the store is asked
+        only when the gate did not read the due time."""
         if self._wake.is_set():
             return 0.0
-        try:
-            due = await self.store.seconds_until_next_due()
-        except DatabaseError:
-            return self.config.poll_interval_s
+        due = plan.next_due_s
+        if not plan.due_known:
+            try:
+                due = await self.store.seconds_until_next_due()
+            except DatabaseError:
+                return self.config.poll_interval_s
         if due is None:
             return self.config.poll_interval_s
         return min(self.config.poll_interval_s, due + 0.005)

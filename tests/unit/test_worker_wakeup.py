@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from relay.interfaces import Message, OutboxRow, PublishResult, Settlement
 from relay.loop.worker import Worker, WorkerConfig
+from relay.pg.wakeup import SleepPlan
 from tests.helpers import wait_until
 
 
@@ -64,12 +65,12 @@ class LateProducerGate:
     cap_s: float | None = None
     calls: list[tuple[str, bool]] = field(default_factory=list)
 
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> bool:
+    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
         self.calls.append(("prepare_sleep", found_rows))
         if [name for name, _ in self.calls].count("prepare_sleep") == 1:
             self.store.rows.append(row(1))
-            return True
-        return False
+            return SleepPlan(sweep=True, due_known=True)
+        return SleepPlan(due_known=True)
 
     async def mark_awake(self) -> None:
         self.calls.append(("mark_awake", False))
