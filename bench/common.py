@@ -30,6 +30,8 @@ from relay.settings import NotifyMode, Settings
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 RELAY_BIN = str(Path(sys.executable).with_name("relay"))
+# BENCH_RELAY_SRC=<folder>: run the relay from that source tree instead of this one.
+RELAY_SRC = os.environ.get("BENCH_RELAY_SRC", "")
 # What a user gets from `relay migrate` with no settings.
 DEFAULT_MODE: NotifyMode = Settings.model_fields["notify"].default
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
@@ -204,10 +206,14 @@ class Relay:
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
+        command = [RELAY_BIN, "run"]
+        if RELAY_SRC:
+            # Another checkout of the relay (e.g. `git archive main` unpacked): before/after.
+            command = [sys.executable, "-m", "relay.cli", "run"]
+            env = {**env, "PYTHONPATH": RELAY_SRC}
         with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [RELAY_BIN, "run"], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+            self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=RELAY_SRC or None)
 
     async def wait_started(self, timeout_s: float = 30.0) -> None:
         """Until the process logged relay_started."""
