@@ -243,7 +243,8 @@ class Relay:
 _CLK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
+    """CPU-seconds (user + system) used so far by process `pid`, from /proc."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -284,7 +285,7 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
         "rabbitmq": lambda: _pids_named(("beam.smp",)),
     }
     start_pids = {k: f() for k, f in groups.items()}
-    start = {k: {p: _cpu_s(p) for p in pids} for k, pids in start_pids.items()}
+    start = {k: {p: cpu_s(p) for p in pids} for k, pids in start_pids.items()}
     total0, idle0 = _total_cpu_s()
     t0 = time.monotonic()
     out: dict[str, float] = {}
@@ -294,7 +295,7 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
     for key, f in groups.items():
         used = 0.0
         for pid in set(f()) | set(start[key]):
-            used += _cpu_s(pid) - start[key].get(pid, 0.0)
+            used += cpu_s(pid) - start[key].get(pid, 0.0)
         out[key] = round(used / wall, 3)
     busy = (total1 - total0) - (idle1 - idle0)
     out["machine_busy"] = round(busy / wall, 3)
