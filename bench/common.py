@@ -299,6 +299,7 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
         out[key] = round(used / wall, 3)
     busy = (total1 - total0) - (idle1 - idle0)
     out["machine_busy"] = round(busy / wall, 3)
+    out["window_s"] = round(wall, 3)
     out["other"] = round(out["machine_busy"] - out["relay"] - out["postgres"] - out["rabbitmq"], 3)
 
 
