@@ -23,7 +23,7 @@ from relay.interfaces import (
     PublishResult,
     Store,
 )
-from relay.loop import ordering
+from relay.loop import ordering, wakeup_policy
 from relay.loop.retry import RetryPolicy, plan_settlement
 from relay.options import parse_options
 from relay.pg.wakeup import AlwaysNotified, SleepPlan, WakeupGate
@@ -145,19 +145,25 @@ class Worker:
 
     async def _sleep(self) -> None:
         """Wait for a wake-up, the poll interval or the next due row; the gate decides
-        whether producers notify meanwhile (relay/pg/wakeup.py)."""
-        found_rows = self.claimed_total > self._claimed_at_sleep
+        whether producers notify meanwhile (relay/pg/wakeup.py), the policy whether to sleep
+        at all (relay/loop/wakeup_policy.py)."""
+        found = self.claimed_total - self._claimed_at_sleep
         self._claimed_at_sleep = self.claimed_total
-        plan = SleepPlan()
-        if not self._wake.is_set():
-            plan = await self.gate.prepare_sleep(self._wake, found_rows)
-        if plan.sweep:
+        if self._wake.is_set() or wakeup_policy.keep_sweeping(found):
+            await self.gate.mark_awake()
+            return
+        plan = await self.gate.prepare_sleep(self._wake, found > 0)
+        if plan.stay_awake:
             # Producers that saw this relay awake skipped the NOTIFY; the gate waited until
-            # they all ended and saw rows due, so one more sweep finds them before sleeping.
-            claimed, published = self.claimed_total, self.published_total
+            # they all ended and saw rows due: drain them awake (lock released, so producers
+            # do not notify meanwhile), then come back here to check again.
+            await self.gate.mark_awake()
+            return
+        if plan.sweep:
+            # Rows are due but the last awake drain found none: one sweep holding the lock
+            # (a producer skipping the NOTIFY meanwhile is impossible), then sleep.
             await self._sweep()
-            if self.claimed_total - claimed > self.published_total - published:
-                plan = SleepPlan()  # it rescheduled rows: the due time read before is stale
+            plan = SleepPlan()  # the sweep may have rescheduled rows: read the due time again
         timeout = await self._sleep_budget_s(plan)
         cap = self.gate.sleep_cap_s()
         if cap is not None:

@@ -51,11 +51,14 @@ _ROLE_WAIT_S = 3600.0
 class SleepPlan:
     """What the gate learned before a sleep.
 
-    sweep: rows are due that no NOTIFY will announce (their producers skipped it): sweep
-    before sleeping. due_known: next_due_s was read (None: no delayed row); when False the
-    worker asks the store itself.
+    stay_awake: rows are due that no NOTIFY will announce (their producers skipped it):
+    release the lock and drain them awake, then come back. sweep: rows are due but the last
+    such drain found none (another relay holds them, or their key's head is not due): sweep
+    once holding the lock, then sleep. due_known: next_due_s was read (None: no delayed row);
+    when False the worker asks the store itself.
     """
 
+    stay_awake: bool = False
     sweep: bool = False
     due_known: bool = False
     next_due_s: float | None = None
@@ -136,6 +139,7 @@ class LockGate:
         self._poll = poll
         self.fallback_poll_s = fallback_poll_s
         self._found_rows = False
+        self._drained_awake = False
         self.wait_slice_s = wait_slice_s
         self.long_wait_slice_s = long_wait_slice_s
         self.long_wait_after_s = long_wait_after_s
@@ -202,8 +206,12 @@ class LockGate:
             return SleepPlan()
         assert check is not None
         next_due = check["next_due_s"]
+        due = self.held and bool(check["due_now"])
+        awake = due and (found_rows or not self._drained_awake)
+        self._drained_awake = awake
         return SleepPlan(
-            sweep=self.held and bool(check["due_now"]),
+            stay_awake=awake,
+            sweep=due and not awake,
             due_known=True,
             next_due_s=None if next_due is None else max(float(next_due), 0.0),
         )
