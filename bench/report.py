@@ -119,3 +119,82 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [f"| {names[k]} | {_range(val)} |" for k, val in s["limits"].items()]
     lines += _render_latency(s) + _render_producers(s) + [""]
     return "\n".join(lines)
+
+
+README_START = "<!-- bench/run.py --full writes this block from bench/results.json -->"
+README_END = "<!-- end of the block bench/run.py writes -->"
+
+
+def _cost_lines(s: dict[str, Any]) -> list[str]:
+    cost = [c for c in s["cost"] if c["rows"] == s["headline"]["rows"]]
+    one = next(c for c in cost if c["processes"] == 1)
+    per_1k = one["relay"] + one["postgres_own_sessions"] + one["rabbitmq"]
+    lines = ["Cost model (CPU-seconds per 1,000 messages while one relay drains, from /proc; "
+             "RabbitMQ's figure includes other work on this shared machine):", "",
+             "| relay processes | relay | PostgreSQL (its sessions) | RabbitMQ | drain msg/s | "
+             "whole machine busy (cores) |", "|---|---|---|---|---|---|"]
+    for c in cost:
+        d = next(x for x in s["drain"] if x["processes"] == c["processes"]
+                 and x["rows"] == c["rows"] and x["publisher"] == "bulk")
+        lines.append(f"| {c['processes']} | {c['relay']:.3f} | {c['postgres_own_sessions']:.3f} "
+                     f"| {c['rabbitmq']:.3f} | {d['msg_per_s']['median']:,.0f} | "
+                     f"{d['cpu_cores']['machine_busy']} |")
+    relay_rate = 1000 / one["relay"] if one["relay"] else 0.0
+    lines += ["", f"What follows: a message costs about {per_1k:.3f} CPU-seconds per 1,000 on "
+              f"the three processes together, so 10,000 msg/s needs about {per_1k * 10:.1f} "
+              f"cores, of which the relay takes {one['relay'] * 10:.2f}; one relay core would "
+              f"carry about {relay_rate:,.0f} msg/s, so replicas are for availability long "
+              "before they are for throughput, and PostgreSQL and RabbitMQ set the rate. With "
+              "more relay processes the drain rate is "
+              + ", ".join(f"{k.split('_')[1]}: {v}x one" for k, v in s["ratios"].items()
+                          if k.startswith("relay_") and k.endswith("p_vs_1p"))
+              + " here: this machine has 2 cores and the servers already take them during a "
+              "one-relay drain (whole machine busy above), so the check cannot show scaling; "
+              "it shows that more replicas cost little CPU per message."]
+    return lines
+
+
+def render_readme_block(report: dict[str, Any]) -> str:
+    """The figures README quotes, from this report only."""
+    s, m = report["summary"], report["machine"]
+    r = s["ratios"]
+    head = s["headline"]
+    lat = {(e["mode"], e["rate_per_s"]): e for e in s["latency"]}
+    prod = {(e["situation"], e["mode"]): e for e in s["producers"]}
+    mode = report["notify_mode"]
+    lines = [README_START, "",
+             f"`{report['command']}`, {report['date'][:16].replace('T', ' ')} UTC, nproc "
+             f"{m['nproc']}, {m['memory_gb']} GB, load average before the suite "
+             f"{report['load_before'][0]:.1f} (before each run: bench/RESULTS.md); notify mode "
+             f"`{mode}` (the default) unless marked.", ""]
+    lines.append(f"- Drain, one `relay run`: {head['msg_per_s']['median']:,.0f} msg/s = "
+                 f"{r['relay_1p_vs_bulk_frame_limit']}x the bulk-frame publish limit of the "
+                 f"same run; {r['relay_1p_vs_classic']}x a classic per-row relay"
+                 + (f"; a {report['plan']['big_rows']:,}-row backlog at "
+                    f"{r['big_backlog_vs_small']}x the {head['rows']:,}-row rate"
+                    if "big_backlog_vs_small" in r else "") + ".")
+    for (md, rate), e in lat.items():
+        lines.append(f"- Commit → consumer at {rate:,} commits/s ({e['connections']} producer "
+                     f"connections, `{md}`): p50 {e['p50_ms']['median']:.2f} ms, p99 "
+                     f"{e['p99_ms']['median']:.2f} ms (median of {e['p50_ms']['n']:.0f}).")
+    for (situation, md), e in prod.items():
+        if md == "off":
+            continue
+        q = e["ratio_to_no_trigger"]
+        lines.append(f"- 8 one-row pgbench producers, {situation}, `{md}`: "
+                     f"{q['median']:.2f}x their no-trigger commit rate (rounds "
+                     f"{q['min']:.2f}–{q['max']:.2f}, n={q['n']:.0f}).")
+    rows = report["plan"]["trigger_rows"]
+    for e in s["triggers"]:
+        if e["trigger"] != "none":
+            kind = e["trigger"].replace("_", "-")
+            lines.append(f"- A {rows:,}-row INSERT … SELECT with the {kind} trigger: "
+                         f"{e['ratio_to_none']['median']:.2f}x the rate with none.")
+    lines += ["", *_cost_lines(s), "", README_END]
+    return "\n".join(lines)
+
+
+def replace_readme_block(readme: str, block: str) -> str:
+    """README text with the block between the markers replaced (markers must exist)."""
+    start, end = readme.index(README_START), readme.index(README_END) + len(README_END)
+    return readme[:start] + block + readme[end:]

@@ -43,7 +43,7 @@ from bench.latency import latency_once
 from bench.limits import aio_pika_limit, bulk_frame_limit, classic_relay, pg_claim_delete_limit
 from bench.producers import producer_rounds
 from bench.producers import ratios as ratios_to_off
-from bench.report import render_markdown
+from bench.report import render_markdown, render_readme_block, replace_readme_block
 from bench.triggers import trigger_costs
 from relay.settings import NotifyMode
 
@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--smoke", action="store_true", help="a few thousand rows, < 90 s")
     parser.add_argument("--runs", type=int, help="repetitions of every figure")
     parser.add_argument("--out", type=Path, help="folder for RESULTS.md and results.json")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="rewrite README's figures block from this run")
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
     if args.runs:
@@ -344,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     (out / "RESULTS.md").write_text(render_markdown(report))
+    block = render_readme_block(report)
+    (out / "README-block.md").write_text(block + "\n")
+    readme = Path(__file__).parents[1] / "README.md"
+    if args.update_readme:
+        readme.write_text(replace_readme_block(readme.read_text(), block))
+        print(f"updated the figures block in {readme}")
     print(f"wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
     print(json.dumps(report["summary"]["ratios"]))
     return 0
