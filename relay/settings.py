@@ -263,7 +263,6 @@ class Settings(BaseSettings):
         pairs = [
             ("retry_base_s", "retry_max_s"),
             ("poll_min_interval_s", "poll_interval_s"),
-            ("awake_poll_interval_s", "poll_interval_s"),
         ]
         for low, high in pairs:
             if getattr(self, low) > getattr(self, high):
