@@ -99,7 +99,8 @@ async def _sessions(dsn: str) -> dict[int, str]:
             "current_database() AND application_name LIKE 'outbox-relay %'")
     finally:
         await conn.close()
-    return {r["pid"]: r["application_name"].split()[1] for r in rows}
+    names = {r["pid"]: r["application_name"].split() for r in rows}
+    return {pid: f"{n[1]} {n[-1]}" for pid, n in names.items()}
 
 
 async def idle(env: Any, log: Path, relays: int, seconds: float) -> dict[str, Any]:
@@ -124,10 +125,17 @@ async def idle(env: Any, log: Path, relays: int, seconds: float) -> dict[str, An
             pids[pid][kind] += 1
     per_session = [{"session": roles[p], "statements_per_s": round(sum(c.values()) / seconds, 2),
                     "kinds": dict(c)} for p, c in pids.items() if c]
+    per_relay: dict[str, collections.Counter[str]] = {}
+    for p, c in pids.items():
+        per_relay.setdefault(roles[p].split()[-1], collections.Counter()).update(c)
+    processes = [{"relay_pid": k, "statements_per_s": round(sum(c.values()) / seconds, 2),
+                  "sweeps_per_s": round(c["BEGIN"] / seconds, 2),
+                  "role": "sleeper" if c["wakeup_check"] else "waiter"}
+                 for k, c in per_relay.items()]
     total = sum(sum(c.values()) for c in pids.values())
     return {"relays": relays, "seconds": seconds,
             "statements_per_s_per_relay": round(total / seconds / relays, 2),
-            "sessions": per_session}
+            "relay_processes": processes, "sessions": per_session}
 
 
 async def trickle(env: Any, log: Path, commits: int, gap_ms: float) -> dict[str, Any]:
@@ -154,7 +162,7 @@ async def trickle(env: Any, log: Path, commits: int, gap_ms: float) -> dict[str,
         if pid == producer_pid and kind == "producer_insert":
             cycles.append([])
         elif cycles and pid in roles:
-            cycles[-1].append((roles[pid], kind))
+            cycles[-1].append((roles[pid].split()[0], kind))
     to_commit, after = [], []
     for cycle in cycles:
         kinds = [k for _, k in cycle]
