@@ -59,7 +59,8 @@ async def produce(dsn: str, exchange: str, rate: float, connections: int,
     finally:
         for c in conns:
             await c.close()
-    return out, time.monotonic() - start
+    last = max((t for _, t in out), default=start + seconds)
+    return out, max(last - start, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
