@@ -23,10 +23,10 @@ from relay.interfaces import (
     PublishResult,
     Store,
 )
-from relay.loop import ordering, wakeup_policy
+from relay.loop import ordering
 from relay.loop.retry import RetryPolicy, plan_settlement
 from relay.options import parse_options
-from relay.pg.wakeup import AlwaysNotified, SleepPlan, WakeupGate
+from relay.pg.wakeup import AlwaysNotified, WakeupGate
 from relay.supervise import Backoff, Supervisor
 
 log = structlog.get_logger("relay.loop.worker")
@@ -145,11 +145,10 @@ class Worker:
 
     async def _sleep(self) -> None:
         """Wait for a wake-up, the poll interval or the next due row; the gate decides
-        whether producers notify meanwhile (relay/pg/wakeup.py), the policy whether to sleep
-        at all (relay/loop/wakeup_policy.py)."""
+        whether producers notify meanwhile and whether to sleep at all (relay/pg/wakeup.py)."""
         found = self.claimed_total - self._claimed_at_sleep
         self._claimed_at_sleep = self.claimed_total
-        if self._wake.is_set() or wakeup_policy.keep_sweeping(found):
+        if self._wake.is_set() or self.gate.keep_sweeping(found):
             await self.gate.mark_awake()
             return
         plan = await self.gate.prepare_sleep(self._wake, found > 0)
@@ -159,12 +158,13 @@ class Worker:
             # do not notify meanwhile), then come back here to check again.
             await self.gate.mark_awake()
             return
+        due_known, next_due_s = plan.due_known, plan.next_due_s
         if plan.sweep:
             # Rows are due but the last awake drain found none: one sweep holding the lock
-            # (a producer skipping the NOTIFY meanwhile is impossible), then sleep.
+            # (no producer can skip the NOTIFY meanwhile), then sleep.
             await self._sweep()
-            plan = SleepPlan()  # the sweep may have rescheduled rows: read the due time again
-        timeout = await self._sleep_budget_s(plan)
+            due_known = False  # the sweep may have rescheduled rows: read the due time again
+        timeout = await self._sleep_budget_s(due_known, next_due_s)
         cap = self.gate.sleep_cap_s()
         if cap is not None:
             timeout = min(timeout, cap)
@@ -192,13 +192,13 @@ class Worker:
         await db.pause()
         self._wake.set()
 
-    async def _sleep_budget_s(self, plan: SleepPlan) -> float:
+    async def _sleep_budget_s(self, due_known: bool, next_due_s: float | None) -> float:
         """Poll interval, or less when a delayed row falls due sooner; the store is asked
         only when the gate did not read the due time."""
         if self._wake.is_set():
             return 0.0
-        due = plan.next_due_s
-        if not plan.due_known:
+        due = next_due_s
+        if not due_known:
             try:
                 due = await self.store.seconds_until_next_due()
             except DatabaseError:
