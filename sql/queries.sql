@@ -91,6 +91,20 @@ FROM (SELECT COALESCE(
            WHERE t.tgrelid = {table_literal}::regclass AND t.tgname = '{name}_notify'),
           'off') AS mode) AS m
 
+-- name: wakeup_try_sleep
+-- The same without queueing (after a drain that found rows, relay/pg/wakeup.py): locked is
+-- false while any producer holds the lock shared.
+SELECT m.mode,
+       CASE WHEN m.mode = 'conditional'
+            THEN pg_try_advisory_lock({wakeup_lock_class}, {table_literal}::regclass::oid::int)
+            ELSE false END AS locked
+FROM (SELECT COALESCE(
+          (SELECT COALESCE(substring(obj_description(t.oid, 'pg_trigger')
+                                     FROM 'notify mode: (\w+)'), 'always')
+           FROM pg_trigger t
+           WHERE t.tgrelid = {table_literal}::regclass AND t.tgname = '{name}_notify'),
+          'off') AS mode) AS m
+
 -- name: wakeup_check
 -- Right after the wake-up lock is granted (a new statement: a snapshot that sees every
 -- producer that skipped the NOTIFY): are rows due now (then the relay sweeps once more), and

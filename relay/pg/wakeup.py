@@ -29,112 +29,39 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
 from relay.pg.queries import Queries
+from relay.pg.sleep import (
+    BUSY_DRAIN_ROWS,
+    AdaptivePoll,
+    AlwaysNotified,
+    SleepPlan,
+    WakeupGate,
+    keep_sweeping,
+)
 from relay.pg.store import DB_ERRORS
 
 log = structlog.get_logger("relay.pg.wakeup")
+
+__all__ = [
+    "BUSY_DRAIN_ROWS",
+    "AdaptivePoll",
+    "AlwaysNotified",
+    "LockGate",
+    "SleepPlan",
+    "WakeupGate",
+    "keep_sweeping",
+]
 
 _ACQUIRE_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, asyncio.CancelledError)
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, *DB_ERRORS)
 # A waiter renews its request for the role lock this often (a fresh session each time).
 _ROLE_WAIT_S = 3600.0
-
-# When a relay sleeps at all: at a trickle it sleeps holding the wake-up lock and producers
-# notify (a NOTIFY costs them nothing while few commit at once, and the relay wakes the instant
-# a row commits instead of polling). Under a heavy flow a NOTIFY would serialise the producers'
-# commits, so while each wake-up's drain brings back at least this many rows the relay sweeps
-# again at once, holding no lock, and producers skip the NOTIFY. At 1,000 commits/s a drain
-# brings a few rows; with 8 producers committing as fast as they can, tens.
-BUSY_DRAIN_ROWS = 16
-
-
-def keep_sweeping(rows_this_wakeup: int) -> bool:
-    """The sleep policy of every gate: sweep again at once instead of going to sleep."""
-    return rows_this_wakeup >= BUSY_DRAIN_ROWS
-
-
-@dataclass(frozen=True, slots=True)
-class SleepPlan:
-    """What the gate learned before a sleep.
-
-    stay_awake: rows are due that no NOTIFY will announce (their producers skipped it):
-    release the lock and drain them awake, then come back. sweep: rows are due but the last
-    such drain found none (another relay holds them, or their key's head is not due): sweep
-    once holding the lock, then sleep. due_known: next_due_s was read (None: no delayed row);
-    when False the worker asks the store itself.
-    """
-
-    stay_awake: bool = False
-    sweep: bool = False
-    due_known: bool = False
-    next_due_s: float | None = None
-
-
-class WakeupGate(Protocol):
-    """What the worker calls around its sleep."""
-
-    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
-        """Sweep again at once instead of sleeping (the drain since the last sleep was busy)."""
-
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
-        """Register as asleep (found_rows: the sweeps since the last sleep found rows)."""
-
-    async def mark_awake(self) -> None:
-        """Register as awake (producers stop notifying)."""
-
-    def sleep_cap_s(self) -> float | None:
-        """Upper bound of the coming sleep, or None for the worker's own (poll interval)."""
-
-    async def close(self) -> None:
-        """Release everything (stop)."""
-
-
-class AlwaysNotified:
-    """The no-op gate: producers always notify, so the worker needs nothing around its sleep."""
-
-    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
-        """The common sleep policy."""
-        return keep_sweeping(rows_this_wakeup)
-
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
-        """Nothing to register; the worker reads the next due time itself."""
-        return SleepPlan()
-
-    async def mark_awake(self) -> None:
-        """Nothing to register."""
-
-    def sleep_cap_s(self) -> float | None:
-        """The worker's poll interval applies."""
-        return None
-
-    async def close(self) -> None:
-        """Nothing to release."""
-
-
-class AdaptivePoll:
-    """Polling interval of `off` mode: the minimum while sweeps find rows, doubling up to the
-    maximum while they find none."""
-
-    def __init__(self, min_s: float, max_s: float) -> None:
-        self.min_s = min(min_s, max_s)
-        self.max_s = max_s
-        self.current_s = self.min_s
-
-    def next_s(self, found_rows: bool) -> float:
-        """The interval before the next sweep, given what the last one found."""
-        if found_rows:
-            self.current_s = self.min_s
-        else:
-            self.current_s = min(self.current_s * 2, self.max_s)
-        return self.current_s
-
 
 class LockGate:
     """The gate of a real relay: follows the table's installed notify mode and, as the
@@ -195,6 +122,13 @@ class LockGate:
         if conn is None or not await self._decide_role(conn):
             # A waiter (or no session): sleep on LISTEN; the sleeper minds delayed rows.
             return SleepPlan(due_known=conn is not None)
+        if self._acquire is None and found_rows and self.mode == "conditional":
+            return await self._try_lock(conn)
+        return await self._wait_lock(conn, woken, found_rows)
+
+    async def _wait_lock(self, conn: asyncpg.Connection, woken: asyncio.Event,
+                         found_rows: bool) -> SleepPlan:
+        """Queue for the lock (or go on waiting) for one slice; then check, once granted."""
         if self._acquire is None:
             self._acquire = asyncio.ensure_future(
                 conn.fetchrow(self._q["wakeup_prepare_sleep"], timeout=None)
@@ -216,9 +150,6 @@ class LockGate:
         task, self._acquire = self._acquire, None
         try:
             row = task.result()
-            self.mode, self.held = str(row["mode"]), bool(row["locked"])
-            # A new statement, so a snapshot taken after the lock was granted.
-            check = await conn.fetchrow(self._q["wakeup_check"])
         except TimeoutError:
             # A producer transaction held the lock shared for longer than the command
             # timeout; start again on a fresh session (the old one may hold the lock).
@@ -226,6 +157,35 @@ class LockGate:
             self._reset()
             return SleepPlan()
         except _ACQUIRE_ERRORS as exc:
+            self._lost(f"preparing to sleep failed: {exc}")
+            return SleepPlan()
+        self.mode, self.held = str(row["mode"]), bool(row["locked"])
+        return await self._check(conn, found_rows)
+
+    async def _try_lock(self, conn: asyncpg.Connection) -> SleepPlan:
+        """After a drain that found rows: take the lock only if no producer holds it shared.
+
+        Producers are then likely mid-transaction, and a queued request would make every
+        producer that arrives meanwhile notify. So try without queueing: while producers keep
+        coming they keep the lock shared, the relay stays awake and sweeps again, and they
+        skip the NOTIFY; the first drain that finds nothing queues the request (above)."""
+        try:
+            row = await conn.fetchrow(self._q["wakeup_try_sleep"])
+        except DB_ERRORS as exc:
+            self._lost(f"preparing to sleep failed: {exc}")
+            return SleepPlan()
+        assert row is not None
+        self.mode, self.held = str(row["mode"]), bool(row["locked"])
+        if self.mode == "conditional" and not self.held:
+            return SleepPlan(stay_awake=True, due_known=True)
+        return await self._check(conn, found_rows=True)
+
+    async def _check(self, conn: asyncpg.Connection, found_rows: bool) -> SleepPlan:
+        """Rows due now and the next due time, read right after the lock was granted."""
+        try:
+            # A new statement, so a snapshot taken after the lock was granted.
+            check = await conn.fetchrow(self._q["wakeup_check"])
+        except DB_ERRORS as exc:
             self._lost(f"preparing to sleep failed: {exc}")
             return SleepPlan()
         assert check is not None
