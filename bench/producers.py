@@ -24,7 +24,16 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import NAMES, BenchEnv, Relay, insert_backlog, load_before, set_mode, wait_empty
+from bench.common import (
+    NAMES,
+    BenchEnv,
+    Relay,
+    insert_backlog,
+    load_before,
+    purge_queue,
+    set_mode,
+    wait_empty,
+)
 from relay.settings import NotifyMode
 
 INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) "
@@ -94,7 +103,8 @@ async def producer_rounds(
                             "notifications": counter.n - before_notifies,
                             "rows_left": left, "load_before": load})
                 print(out[-1], flush=True)
-                await wait_empty(listen, 300)
+                await wait_empty(listen, 600)
+                await purge_queue(env)  # nothing consumes: keep the shared broker's memory low
     finally:
         await listen.close()
         for relay in relays:
