@@ -103,11 +103,41 @@ def _render_producers(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def targets(s: dict[str, Any], mode: str) -> list[tuple[str, float | None, str, bool]]:
+    """(target, measured median, comparison, met) for the stated targets, default mode."""
+    lat = {(e["mode"], e["rate_per_s"]): e for e in s["latency"]}
+    prod = {(e["situation"], e["mode"]): e for e in s["producers"]}
+    out: list[tuple[str, float | None, str, bool]] = []
+
+    def add(name: str, value: float | None, op: str, bound: float) -> None:
+        met = value is not None and (value <= bound if op == "≤" else value >= bound)
+        out.append((name, value, f"{op} {bound:g}", met))
+
+    e1, e3 = lat.get((mode, 1000)), lat.get((mode, 3000))
+    add("p50 ms at 1,000 commits/s", e1 and e1["p50_ms"]["median"], "≤", 1.5)
+    add("p99 ms at 1,000 commits/s", e1 and e1["p99_ms"]["median"], "≤", 5)
+    add("p99 ms at 3,000 commits/s, 16 connections", e3 and e3["p99_ms"]["median"], "≤", 10)
+    for situation in ("backlog", "live"):
+        e = prod.get((situation, mode))
+        add(f"8 producers, {situation}: ratio to no trigger",
+            e and e["ratio_to_no_trigger"]["median"], "≥", 0.9)
+    r = s["ratios"]
+    add("one relay vs the bulk-frame publish limit", r.get("relay_1p_vs_bulk_frame_limit"),
+        "≥", 0.85)
+    add("big backlog vs the small one", r.get("big_backlog_vs_small"), "≥", 0.9)
+    return out
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """RESULTS.md: what ran where, then every figure with its median and spread."""
     s = report["summary"]
     lines = _header(report)
-    lines += ["## Ratios (this run)", "", "| ratio | value |", "|---|---|"]
+    lines += ["## Targets (default mode, medians of this run)", "",
+              "| target | measured | bound | met |", "|---|---|---|---|"]
+    lines += [f"| {name} | {'-' if v is None else f'{v:g}'} | {bound} | "
+              f"{'yes' if met else '**no**'} |"
+              for name, v, bound, met in targets(s, report["notify_mode"])]
+    lines += ["", "## Ratios (this run)", "", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {val} |" for k, val in s["ratios"].items()]
     lines += ["", *_render_drains(s)]
     lines += ["", "## Ceilings and baseline (same run)", "", "| path | msg/s |", "|---|---|"]
