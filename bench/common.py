@@ -30,8 +30,11 @@ from relay.settings import NotifyMode, Settings
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 RELAY_BIN = str(Path(sys.executable).with_name("relay"))
+# BENCH_RELAY_SRC=<folder>: run the relay from that source tree instead of this one.
+RELAY_SRC = os.environ.get("BENCH_RELAY_SRC", "")
+# What a user gets from `relay migrate` with no settings.
+DEFAULT_MODE: NotifyMode = Settings.model_fields["notify"].default
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
-DEFAULT_NOTIFY: NotifyMode = Settings.model_fields["notify"].default
 ROUTING_KEY = "rk"
 
 # ~200-byte JSON body, as in the issue's measurements.
@@ -71,9 +74,12 @@ class BenchEnv:
         return env
 
 
-async def create_env(tag: str, notify: NotifyMode = DEFAULT_NOTIFY) -> BenchEnv:
-    """A migrated database (in `notify` mode, by default the mode users get) and a durable
-    queue bound to a direct exchange, all new."""
+async def create_env(tag: str, mode: NotifyMode | None = None) -> BenchEnv:
+    """A migrated database and a durable queue bound to a direct exchange, all new.
+
+    The trigger is the one `relay migrate` installs by default (the `RELAY_NOTIFY` default)
+    unless a scenario asks for another mode, which it then reports beside the default.
+    """
     suffix = f"{tag}_{secrets.token_hex(3)}"
     database = f"bench_{suffix}"
     admin = await asyncpg.connect(PG_ADMIN_DSN)
@@ -84,7 +90,7 @@ async def create_env(tag: str, notify: NotifyMode = DEFAULT_NOTIFY) -> BenchEnv:
     dsn = with_database(PG_ADMIN_DSN, database)
     conn = await asyncpg.connect(dsn)
     try:
-        await migrate(conn, NAMES, notify)
+        await migrate(conn, NAMES, mode or DEFAULT_MODE)
     finally:
         await conn.close()
     env = BenchEnv(dsn, database, f"bench-{suffix}-x", f"bench-{suffix}-q")
@@ -97,6 +103,15 @@ async def create_env(tag: str, notify: NotifyMode = DEFAULT_NOTIFY) -> BenchEnv:
     finally:
         await amqp.close()
     return env
+
+
+async def set_mode(env: BenchEnv, mode: NotifyMode) -> None:
+    """`relay migrate` with this mode on the live table (running relays follow it)."""
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        await migrate(conn, NAMES, mode)
+    finally:
+        await conn.close()
 
 
 async def drop_env(env: BenchEnv) -> None:
@@ -191,10 +206,14 @@ class Relay:
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
+        command = [RELAY_BIN, "run"]
+        if RELAY_SRC:
+            # Another checkout of the relay (e.g. `git archive main` unpacked): before/after.
+            command = [sys.executable, "-m", "relay.cli", "run"]
+            env = {**env, "PYTHONPATH": RELAY_SRC}
         with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [RELAY_BIN, "run"], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+            self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=RELAY_SRC or None)
 
     async def wait_started(self, timeout_s: float = 30.0) -> None:
         """Until the process logged relay_started."""
@@ -224,7 +243,8 @@ class Relay:
 _CLK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
+    """CPU-seconds (user + system) used so far by process `pid`, from /proc."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -265,7 +285,7 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
         "rabbitmq": lambda: _pids_named(("beam.smp",)),
     }
     start_pids = {k: f() for k, f in groups.items()}
-    start = {k: {p: _cpu_s(p) for p in pids} for k, pids in start_pids.items()}
+    start = {k: {p: cpu_s(p) for p in pids} for k, pids in start_pids.items()}
     total0, idle0 = _total_cpu_s()
     t0 = time.monotonic()
     out: dict[str, float] = {}
@@ -275,8 +295,29 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
     for key, f in groups.items():
         used = 0.0
         for pid in set(f()) | set(start[key]):
-            used += _cpu_s(pid) - start[key].get(pid, 0.0)
+            used += cpu_s(pid) - start[key].get(pid, 0.0)
         out[key] = round(used / wall, 3)
     busy = (total1 - total0) - (idle1 - idle0)
     out["machine_busy"] = round(busy / wall, 3)
+    out["window_s"] = round(wall, 3)
     out["other"] = round(out["machine_busy"] - out["relay"] - out["postgres"] - out["rabbitmq"], 3)
+
+
+# ---------------------------------------------------------------------- run metadata
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores (nproc), memory, kernel."""
+    model = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    return {"cpu": model, "nproc": os.cpu_count(), "memory_gb": round(mem_kb / 1e6, 1),
+            "kernel": os.uname().release}
+
+
+def load_before() -> list[float]:
+    """The load average (1, 5, 15 min) right before a run starts."""
+    return [round(x, 2) for x in os.getloadavg()]

@@ -1,24 +1,27 @@
-"""End-to-end latency at a fixed rate: producer commit -> consumer receipt, through `relay run`.
+"""End-to-end latency at a fixed commit rate: producer commit -> consumer receipt, `relay run`.
 
-The producer commits a small INSERT every 10 ms (rate x 10 ms rows each, the classic INSERT;
-the statement trigger's NOTIFY wakes the relay) and notes the time its commit returned; a
-consumer in the same process notes when each message_id arrives. Both use one monotonic clock.
+Three kinds of process, as a user runs them: producers (bench/producer.py: N connections, one
+1-row transaction per commit, Poisson arrivals), the relay, and this process as the consumer.
+The producer notes when each commit returned and the consumer when each message_id arrived,
+both on CLOCK_MONOTONIC (one clock for every process of the machine). The first second is a
+warm-up (prepared statements, connection start) and is left out of the percentiles.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aio_pika
-import asyncpg
 
-from bench.common import AMQP_URL, BODY_SQL, ROUTING_KEY, BenchEnv, Relay, wait_empty
+from bench.common import AMQP_URL, BenchEnv, Relay, load_before
 
-TICK_S = 0.01
+WARMUP_S = 1.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -28,59 +31,68 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
+async def _produce(env: BenchEnv, rate: int, connections: int, seconds: float,
+                   out: Path) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.producer", "--dsn", env.dsn, "--exchange", env.exchange,
+        "--rate", str(rate), "--connections", str(connections), "--seconds", str(seconds),
+        "--out", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"producer failed: {stderr.decode()[-2000:]}")
+    result: dict[str, Any] = json.loads(stdout.decode().strip().splitlines()[-1])
+    return result
+
+
 async def latency_once(
-    env: BenchEnv, rate_per_s: int, duration_s: float, *, log_dir: Path | None = None
+    env: BenchEnv,
+    rate_per_s: int,
+    duration_s: float,
+    *,
+    connections: int = 4,
+    log_dir: Path | None = None,
+    **relay_overrides: Any,
 ) -> dict[str, Any]:
-    """Run the producer at `rate_per_s` for `duration_s`; p50/p95/p99 in milliseconds."""
+    """Producers at `rate_per_s` commits/s for `duration_s`; p50/p95/p99 in milliseconds."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    relay = Relay(env.relay_env(), log_dir / "relay.log")
+    load = load_before()
+    relay = Relay(env.relay_env(**relay_overrides), log_dir / "relay.log")
     received: dict[str, float] = {}
 
     async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
         received.setdefault(str(message.message_id), time.monotonic())
 
     amqp = await aio_pika.connect(AMQP_URL)
-    producer = await asyncpg.connect(env.dsn)
-    committed: dict[str, float] = {}
     try:
         channel = await amqp.channel()
-        await channel.set_qos(prefetch_count=2000)
+        await channel.set_qos(prefetch_count=5000)
         queue = await channel.get_queue(env.queue)
         await queue.consume(on_message, no_ack=True)
         await relay.wait_started()
-        per_tick = max(1, round(rate_per_s * TICK_S))
-        sql = (
-            f"INSERT INTO queue_message (exchange, routing_key, content) "
-            f"SELECT $1, $2, {BODY_SQL} FROM generate_series(1, $3) AS g RETURNING id::text"
-        )
-        ticks = int(duration_s / TICK_S)
-        start = time.monotonic()
-        for i in range(ticks):
-            ids = await producer.fetch(sql, env.exchange, ROUTING_KEY, per_tick)
-            now = time.monotonic()
-            for r in ids:
-                committed[r[0]] = now
-            delay = start + (i + 1) * TICK_S - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        achieved = len(committed) / (time.monotonic() - start)
+        produced = await _produce(env, rate_per_s, connections, duration_s, log_dir / "ids.txt")
+        committed = {}
+        for line in (log_dir / "ids.txt").read_text().splitlines():
+            row_id, t = line.split()
+            committed[row_id] = float(t)
         deadline = time.monotonic() + 60
         while len(received.keys() & committed.keys()) < len(committed):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(committed) - len(received)} messages never arrived")
             await asyncio.sleep(0.05)
-        await wait_empty(producer, 30)
     finally:
         relay.stop()
-        await producer.close()
         await amqp.close()
-    lat_ms = [(received[k] - t) * 1000 for k, t in committed.items()]
+    start = min(committed.values())
+    lat_ms = [(received[k] - t) * 1000 for k, t in committed.items() if t - start >= WARMUP_S]
     return {
         "rate_per_s": rate_per_s,
-        "achieved_per_s": round(achieved, 1),
+        "connections": connections,
+        "achieved_per_s": produced["achieved_per_s"],
         "messages": len(lat_ms),
         "p50_ms": round(percentile(lat_ms, 50), 2),
         "p95_ms": round(percentile(lat_ms, 95), 2),
         "p99_ms": round(percentile(lat_ms, 99), 2),
         "max_ms": round(max(lat_ms), 2),
+        "load_before": load,
     }

@@ -1,6 +1,12 @@
-"""Profile one `relay run` draining a backlog with py-spy; summarise where its CPU goes.
+"""Profile one `relay run` with py-spy, draining a backlog or woken by a trickle of commits;
+summarise where its CPU goes.
 
-    python -m bench.profile --publisher simple --rows 100000 --out bench/profiles
+    python -m bench.profile --scenario drain --rows 100000 --label after
+    python -m bench.profile --scenario trickle --seconds 20 --label after
+    BENCH_RELAY_SRC=<main checkout> python -m bench.profile --scenario trickle --label before
+
+The trickle is one 1-row commit every 20 ms (the relay sleeps between them), so the samples
+are the cost of wake-ups: CPU per wake-up = samples / rate / commits.
 
 Needs py-spy (`pip install py-spy`) and ptrace rights (root, or CAP_SYS_PTRACE). Writes the
 collapsed stacks (flamegraph input) and prints the top functions by own time and the share
@@ -22,7 +28,19 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.common import Relay, create_env, drop_env, insert_backlog, wait_empty
+from bench.common import (
+    RELAY_SRC,
+    ROUTING_KEY,
+    Relay,
+    cpu_s,
+    create_env,
+    drop_env,
+    insert_backlog,
+    load_before,
+    wait_empty,
+)
+
+RATE_HZ = 250
 
 LAYERS = (
     ("relay", "relay/"),
@@ -65,48 +83,80 @@ def summarise(collapsed: Path, top: int = 15) -> str:
     return "\n".join(lines)
 
 
-async def profile(publisher: str, rows: int, out: Path) -> Path:
-    """Drain `rows` rows under py-spy; return the collapsed-stacks file."""
-    env = await create_env(f"prof_{publisher}")
-    collapsed = out / f"profile-{publisher}.collapsed.txt"
+async def _trickle(conn: asyncpg.Connection, exchange: str, seconds: float) -> int:
+    """One 1-row commit every 20 ms; return the number of commits."""
+    n = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await conn.execute("INSERT INTO queue_message (exchange, routing_key, content) "
+                           "VALUES ($1, $2, '{\"n\": 1}')", exchange, ROUTING_KEY)
+        n += 1
+        await asyncio.sleep(0.02)
+    return n
+
+
+async def profile(scenario: str, publisher: str, rows: int, seconds: float, *, out: Path,
+                  label: str) -> tuple[Path, str]:
+    """Run the scenario under py-spy; return the collapsed-stacks file and a headline."""
+    env = await create_env(f"prof_{scenario}")
+    collapsed = out / f"profile-{scenario}-{label}.collapsed.txt"
+    load = load_before()
     try:
         relay = Relay(env.relay_env(publisher=publisher), Path(tempfile.mkdtemp()) / "relay.log")
         await relay.wait_started()
         spy = await asyncio.create_subprocess_exec(
             shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
-            "record", "--pid", str(relay.proc.pid), "--rate", "250", "--format", "raw",
+            "record", "--pid", str(relay.proc.pid), "--rate", str(RATE_HZ), "--format", "raw",
             "--nonblocking", "-o", str(collapsed),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         conn = await asyncpg.connect(env.dsn)
         try:
             await asyncio.sleep(1.0)  # py-spy attaches
-            committed = await insert_backlog(conn, env, rows)
-            emptied = await wait_empty(conn, 600)
+            cpu0 = cpu_s(relay.proc.pid)
+            if scenario == "drain":
+                committed = await insert_backlog(conn, env, rows)
+                emptied = await wait_empty(conn, 600)
+                head = (f"{rows} rows in {emptied - committed:.2f}s = "
+                        f"{rows / (emptied - committed):,.0f} msg/s (under py-spy)")
+                count = rows
+            else:
+                count = await _trickle(conn, env.exchange, seconds)
+                await wait_empty(conn, 60)
+                head = f"{count} 1-row commits, one every 20 ms, each a wake-up"
+            cpu = cpu_s(relay.proc.pid) - cpu0
         finally:
             await conn.close()
         spy.send_signal(signal.SIGINT)
         await asyncio.wait_for(spy.wait(), timeout=30)
         relay.stop()
-        print(f"{publisher}: {rows} rows in {emptied - committed:.2f}s "
-              f"= {rows / (emptied - committed):,.0f} msg/s (under py-spy)")
     finally:
         await drop_env(env)
-    return collapsed
+    unit = "message" if scenario == "drain" else "wake-up"
+    head += (f"; load average before {load[0]}; relay CPU (/proc, user+system, py-spy "
+             f"attached) {cpu:.2f} s = {cpu / count * 1e6:,.0f} µs per {unit}. py-spy samples "
+             "wall-clock stacks: a leaf in Runner.run is uvloop's C loop, mostly waiting in "
+             "epoll, not CPU")
+    return collapsed, head
 
 
 def main() -> int:
     """Profile, then print and save the summary."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("--scenario", default="drain", choices=("drain", "trickle"))
     parser.add_argument("--publisher", default="bulk", choices=("bulk", "simple"))
     parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--label", default="after")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "profiles")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    collapsed = asyncio.run(profile(args.publisher, args.rows, args.out))
-    text = summarise(collapsed)
-    (args.out / f"profile-{args.publisher}.summary.txt").write_text(text + "\n")
+    collapsed, head = asyncio.run(profile(args.scenario, args.publisher, args.rows,
+                                          args.seconds, out=args.out, label=args.label))
+    text = (f"command: python -m bench.profile {' '.join(sys.argv[1:])}\n"
+            f"relay source: {RELAY_SRC or 'this checkout'}\n{head}\n\n" + summarise(collapsed))
+    (args.out / f"profile-{args.scenario}-{args.label}.summary.txt").write_text(text + "\n")
     print(text)
     print(f"({time.monotonic() - started:.0f}s)")
     return 0

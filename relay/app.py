@@ -188,7 +188,6 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
         worker.wake,
         poll=AdaptivePoll(settings.poll_min_interval_s, settings.poll_interval_s),
         fallback_poll_s=min(1.0, settings.poll_interval_s),
-        awake_poll_s=settings.awake_poll_interval_s,
     )
     listener = Listener(
         lambda: connect(settings, "listener"),

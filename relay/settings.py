@@ -136,12 +136,6 @@ class Settings(BaseSettings):
         description="Trigger mode installed by migrate: conditional (notify only while a "
         "relay sleeps), always, off (polling). Running relays follow the installed mode.",
     )
-    awake_poll_interval_s: Seconds = Field(
-        default=0.002,
-        validation_alias=_env("AWAKE_POLL_INTERVAL"),
-        description="Seconds between sweeps in notify mode conditional while sweeps find "
-        "rows: the relay stays awake, so producers skip the NOTIFY.",
-    )
     poll_min_interval_s: Seconds = Field(
         default=0.05,
         validation_alias=_env("POLL_MIN_INTERVAL"),
@@ -272,7 +266,6 @@ class Settings(BaseSettings):
         pairs = [
             ("retry_base_s", "retry_max_s"),
             ("poll_min_interval_s", "poll_interval_s"),
-            ("awake_poll_interval_s", "poll_interval_s"),
         ]
         for low, high in pairs:
             if getattr(self, low) > getattr(self, high):

@@ -94,8 +94,41 @@ FROM (SELECT COALESCE(
            WHERE t.tgrelid = {table_literal}::regclass AND t.tgname = '{name}_notify'),
           'off') AS mode) AS m
 
+-- name: wakeup_try_sleep
+-- The same without queueing (after a drain that found rows, relay/pg/wakeup.py): locked is
+-- false while any producer holds the lock shared.
+SELECT m.mode,
+       CASE WHEN m.mode = 'conditional'
+            THEN pg_try_advisory_lock({wakeup_lock_class}, {table_literal}::regclass::oid::int)
+            ELSE false END AS locked
+FROM (SELECT COALESCE(
+          (SELECT COALESCE(substring(obj_description(t.oid, 'pg_trigger')
+                                     FROM 'notify mode: (\w+)'), 'always')
+           FROM pg_trigger t
+           WHERE t.tgrelid = {table_literal}::regclass AND t.tgname = '{name}_notify'),
+          'off') AS mode) AS m
+
+-- name: wakeup_check
+-- Right after the wake-up lock is granted (a new statement: a snapshot that sees every
+-- producer that skipped the NOTIFY): are rows due now (then the relay sweeps once more), and
+-- in how many seconds does the next delayed row fall due (NULL: none)? Both walk the
+-- available_at index from one end.
+SELECT EXISTS (SELECT 1 FROM {table} WHERE available_at <= now()) AS due_now,
+       EXTRACT(EPOCH FROM (SELECT min(available_at) FROM {table} WHERE available_at > now())
+                          - now())::float8 AS next_due_s
+
 -- name: wakeup_release
-SELECT pg_advisory_unlock_all()
+SELECT pg_advisory_unlock({wakeup_lock_class}, {table_literal}::regclass::oid::int)
+
+-- name: wakeup_role_try
+-- The sleeper role (relay/pg/wakeup.py): one relay per table at a time, for the life of its
+-- session. Key: the wake-up lock's class + 1 and the table oid.
+SELECT pg_try_advisory_lock({wakeup_lock_class} + 1, {table_literal}::regclass::oid::int)
+
+-- name: wakeup_role_wait
+-- Waits until the sleeper's session ends (or the statement times out).
+SELECT pg_advisory_lock({wakeup_lock_class} + 1, {table_literal}::regclass::oid::int)
+       IS NOT NULL
 
 -- name: wakeup_sleepers
 -- Relays asleep on this table right now (holding the wake-up lock), for tests and operators.

@@ -145,15 +145,26 @@ class Worker:
 
     async def _sleep(self) -> None:
         """Wait for a wake-up, the poll interval or the next due row; the gate decides
-        whether producers notify meanwhile (relay/pg/wakeup.py)."""
-        found_rows = self.claimed_total > self._claimed_at_sleep
+        whether producers notify meanwhile and whether to sleep at all (relay/pg/wakeup.py)."""
+        found = self.claimed_total - self._claimed_at_sleep
         self._claimed_at_sleep = self.claimed_total
-        timeout = await self._sleep_budget_s()
-        if timeout > 0 and await self.gate.prepare_sleep(self._wake, found_rows):
+        if self._wake.is_set() or self.gate.keep_sweeping(found):
+            await self.gate.mark_awake()
+            return
+        plan = await self.gate.prepare_sleep(self._wake, found > 0)
+        if plan.stay_awake:
             # Producers that saw this relay awake skipped the NOTIFY; the gate waited until
-            # they all ended, so one more sweep finds their rows before the relay sleeps.
+            # they all ended and saw rows due: drain them awake (lock released, so producers
+            # do not notify meanwhile), then come back here to check again.
+            await self.gate.mark_awake()
+            return
+        due_known, next_due_s = plan.due_known, plan.next_due_s
+        if plan.sweep:
+            # Rows are due but the last awake drain found none: one sweep holding the lock
+            # (no producer can skip the NOTIFY meanwhile), then sleep.
             await self._sweep()
-            timeout = await self._sleep_budget_s()
+            due_known = False  # the sweep may have rescheduled rows: read the due time again
+        timeout = await self._sleep_budget_s(due_known, next_due_s)
         cap = self.gate.sleep_cap_s()
         if cap is not None:
             timeout = min(timeout, cap)
@@ -181,14 +192,17 @@ class Worker:
         await db.pause()
         self._wake.set()
 
-    async def _sleep_budget_s(self) -> float:
-        """Poll interval, or less when a delayed row falls due sooner."""
+    async def _sleep_budget_s(self, due_known: bool, next_due_s: float | None) -> float:
+        """Poll interval, or less when a delayed row falls due sooner; the store is asked
+        only when the gate did not read the due time."""
         if self._wake.is_set():
             return 0.0
-        try:
-            due = await self.store.seconds_until_next_due()
-        except DatabaseError:
-            return self.config.poll_interval_s
+        due = next_due_s
+        if not due_known:
+            try:
+                due = await self.store.seconds_until_next_due()
+            except DatabaseError:
+                return self.config.poll_interval_s
         if due is None:
             return self.config.poll_interval_s
         return min(self.config.poll_interval_s, due + 0.005)

@@ -1,19 +1,26 @@
 """Whether producers must notify: the relay's side of the conditional wake-up.
 
 In `conditional` mode (docs/notify.md) the trigger notifies only when it cannot take the
-table's wake-up lock in shared mode, that is while some relay holds it (or waits for it) in
-exclusive mode. A relay takes it exclusively when it is about to sleep: the lock is granted
-only once every producer that took it shared (those that saw no relay asleep and skipped the
-NOTIFY) has committed or rolled back; the relay then sweeps once more and sleeps holding it.
-On waking it releases the lock, so producers stop notifying while it drains; and while its
-sweeps keep finding rows it does not go to sleep at all but sweeps again every few
-milliseconds, so a steady flow of producers never notifies.
+table's wake-up lock L in shared mode, that is while some relay holds it (or waits for it) in
+exclusive mode. A relay about to sleep takes L exclusively: the lock is granted only once every
+producer that took it shared (those that saw no relay asleep and skipped the NOTIFY) has
+committed or rolled back. Then one statement asks whether any row is due now (only then does
+the relay sweep once more) and when the next delayed row falls due, and the relay sleeps
+holding L. On waking it releases L, so producers stop notifying while it drains.
 
-A dead relay cannot suppress notifications: a lock lives in its database session, which ends
-with the process (or, for a host that vanished, when TCP keepalives give up on it).
+Only one relay per table sleeps that way, the *sleeper*: the one holding the role lock R for
+the life of its session. Every other replica waits for R (a lock request that costs nothing
+while it waits) and sleeps on LISTEN alone: a producer either notified (every replica wakes)
+or skipped the NOTIFY while the sleeper was awake, and the sleeper's next sleep finds its row.
+When the sleeper's session ends (stop, crash, lost network) a waiter is granted R, wakes and
+takes over. So an idle replica that is not the sleeper runs no query but its periodic sweep.
 
-Relays follow the mode installed on the table (`relay migrate`), re-read before every sleep,
-so a mode switched on a live table takes effect at the next wake-up, which migrate triggers.
+A dead relay cannot suppress notifications: both locks live in its database session, which
+ends with the process (or, for a host that vanished, when TCP keepalives give up on it).
+
+Relays follow the mode installed on the table (`relay migrate`): the sleeper re-reads it
+before every sleep, so a mode switched on a live table takes effect at the next wake-up,
+which migrate triggers.
 """
 
 from __future__ import annotations
@@ -22,77 +29,44 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
 from relay.pg.queries import Queries
+from relay.pg.sleep import (
+    BUSY_DRAIN_ROWS,
+    AdaptivePoll,
+    AlwaysNotified,
+    SleepPlan,
+    WakeupGate,
+    keep_sweeping,
+)
 from relay.pg.store import DB_ERRORS
 
 log = structlog.get_logger("relay.pg.wakeup")
 
+__all__ = [
+    "BUSY_DRAIN_ROWS",
+    "AdaptivePoll",
+    "AlwaysNotified",
+    "LockGate",
+    "SleepPlan",
+    "WakeupGate",
+    "keep_sweeping",
+]
+
 _ACQUIRE_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, asyncio.CancelledError)
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, *DB_ERRORS)
-
-
-class WakeupGate(Protocol):
-    """What the worker calls around its sleep."""
-
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> bool:
-        """Register as asleep (found_rows: the sweeps since the last sleep found rows);
-        True when a final sweep must run before sleeping."""
-
-    async def mark_awake(self) -> None:
-        """Register as awake (producers stop notifying)."""
-
-    def sleep_cap_s(self) -> float | None:
-        """Upper bound of the coming sleep, or None for the worker's own (poll interval)."""
-
-    async def close(self) -> None:
-        """Release everything (stop)."""
-
-
-class AlwaysNotified:
-    """The no-op gate: producers always notify, so the worker needs nothing around its sleep."""
-
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> bool:
-        """Nothing to register."""
-        return False
-
-    async def mark_awake(self) -> None:
-        """Nothing to register."""
-
-    def sleep_cap_s(self) -> float | None:
-        """The worker's poll interval applies."""
-        return None
-
-    async def close(self) -> None:
-        """Nothing to release."""
-
-
-class AdaptivePoll:
-    """Polling interval of `off` mode: the minimum while sweeps find rows, doubling up to the
-    maximum while they find none."""
-
-    def __init__(self, min_s: float, max_s: float) -> None:
-        self.min_s = min(min_s, max_s)
-        self.max_s = max_s
-        self.current_s = self.min_s
-
-    def next_s(self, found_rows: bool) -> float:
-        """The interval before the next sweep, given what the last one found."""
-        if found_rows:
-            self.current_s = self.min_s
-        else:
-            self.current_s = min(self.current_s * 2, self.max_s)
-        return self.current_s
-
+# A waiter renews its request for the role lock this often (a fresh session each time).
+_ROLE_WAIT_S = 3600.0
 
 class LockGate:
-    """The gate of a real relay: follows the table's installed notify mode and, in
-    conditional mode, holds the wake-up lock while asleep (see the module docstring)."""
+    """The gate of a real relay: follows the table's installed notify mode and, as the
+    table's sleeper in conditional mode, holds the wake-up lock while asleep (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -102,7 +76,6 @@ class LockGate:
         *,
         poll: AdaptivePoll,
         fallback_poll_s: float = 1.0,
-        awake_poll_s: float = 0.002,
         wait_slice_s: float = 0.01,
         long_wait_slice_s: float = 0.1,
         long_wait_after_s: float = 1.0,
@@ -112,43 +85,51 @@ class LockGate:
         self._wake = wake
         self._poll = poll
         self.fallback_poll_s = fallback_poll_s
-        self.awake_poll_s = awake_poll_s
-        self._lingering = False
         self._found_rows = False
+        self._drained_awake = False
         self.wait_slice_s = wait_slice_s
         self.long_wait_slice_s = long_wait_slice_s
         self.long_wait_after_s = long_wait_after_s
         self._acquire_started = 0.0
-        self.mode: str | None = None  # None: unknown (no gate connection)
+        self.mode: str | None = None  # None: unknown (no gate connection, or not the sleeper)
         self.held = False
+        self.role: str | None = None  # "sleeper", "waiter" or None (undecided)
         self._conn: asyncpg.Connection | None = None
         self._acquire: asyncio.Future[Any] | None = None
         self._release: asyncio.Future[None] | None = None
+        self._role_wait: asyncio.Future[Any] | None = None
         self._outage = False
 
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> bool:
-        """Read the mode and, in conditional mode, take the lock; give up when woken or after
-        a short slice of waiting.
+    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
+        """The common sleep policy."""
+        return keep_sweeping(rows_this_wakeup)
+
+    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
+        """As the sleeper: read the mode, take the lock in conditional mode (giving up when
+        woken or after a short slice of waiting), then read whether rows are due and when the
+        next delayed one is. As a waiter: nothing (one statement when the role is undecided).
 
         The lock waits for producers that skipped the NOTIFY; some may have committed
         already while others are still open. So the wait is cut into slices (10 ms, 100 ms
         once it lasts over 1 s) and the worker sweeps between them: a committed row never
         waits for a slower neighbour. The request stays queued meanwhile (producers see a
         waiter and notify), and the next prepare_sleep picks up where it left.
-
-        While sweeps keep finding rows the relay does not sleep at all in conditional mode:
-        it sweeps again after `awake_poll_s`, so under a steady flow producers never notify.
         """
         self._found_rows = found_rows
-        self._lingering = (
-            found_rows and self.mode == "conditional" and self._acquire is None
-        )
-        if self.held or self._lingering or woken.is_set():
-            return False
+        if self.held or woken.is_set():
+            return SleepPlan()
+        conn = await self._connection()
+        if conn is None or not await self._decide_role(conn):
+            # A waiter (or no session): sleep on LISTEN; the sleeper minds delayed rows.
+            return SleepPlan(due_known=conn is not None)
+        if self._acquire is None and found_rows and self.mode == "conditional":
+            return await self._try_lock(conn)
+        return await self._wait_lock(conn, woken, found_rows)
+
+    async def _wait_lock(self, conn: asyncpg.Connection, woken: asyncio.Event,
+                         found_rows: bool) -> SleepPlan:
+        """Queue for the lock (or go on waiting) for one slice; then check, once granted."""
         if self._acquire is None:
-            conn = await self._connection()
-            if conn is None:
-                return False
             self._acquire = asyncio.ensure_future(
                 conn.fetchrow(self._q["wakeup_prepare_sleep"], timeout=None)
             )
@@ -165,7 +146,7 @@ class LockGate:
         finally:
             woke.cancel()
         if not self._acquire.done():
-            return False
+            return SleepPlan(due_known=True)  # sweep_cap 0: the worker sweeps, then returns
         task, self._acquire = self._acquire, None
         try:
             row = task.result()
@@ -174,12 +155,84 @@ class LockGate:
             # timeout; start again on a fresh session (the old one may hold the lock).
             log.info("wakeup_lock_wait_timeout")
             self._reset()
-            return False
+            return SleepPlan()
         except _ACQUIRE_ERRORS as exc:
             self._lost(f"preparing to sleep failed: {exc}")
-            return False
+            return SleepPlan()
         self.mode, self.held = str(row["mode"]), bool(row["locked"])
-        return self.held
+        return await self._check(conn, found_rows)
+
+    async def _try_lock(self, conn: asyncpg.Connection) -> SleepPlan:
+        """After a drain that found rows: take the lock only if no producer holds it shared.
+
+        Producers are then likely mid-transaction, and a queued request would make every
+        producer that arrives meanwhile notify. So try without queueing: while producers keep
+        coming they keep the lock shared, the relay stays awake and sweeps again, and they
+        skip the NOTIFY; the first drain that finds nothing queues the request (above)."""
+        try:
+            row = await conn.fetchrow(self._q["wakeup_try_sleep"])
+        except DB_ERRORS as exc:
+            self._lost(f"preparing to sleep failed: {exc}")
+            return SleepPlan()
+        assert row is not None
+        self.mode, self.held = str(row["mode"]), bool(row["locked"])
+        if self.mode == "conditional" and not self.held:
+            return SleepPlan(stay_awake=True, due_known=True)
+        return await self._check(conn, found_rows=True)
+
+    async def _check(self, conn: asyncpg.Connection, found_rows: bool) -> SleepPlan:
+        """Rows due now and the next due time, read right after the lock was granted."""
+        try:
+            # A new statement, so a snapshot taken after the lock was granted.
+            check = await conn.fetchrow(self._q["wakeup_check"])
+        except DB_ERRORS as exc:
+            self._lost(f"preparing to sleep failed: {exc}")
+            return SleepPlan()
+        assert check is not None
+        next_due = check["next_due_s"]
+        due = self.held and bool(check["due_now"])
+        awake = due and (found_rows or not self._drained_awake)
+        self._drained_awake = awake
+        return SleepPlan(
+            stay_awake=awake,
+            sweep=due and not awake,
+            due_known=True,
+            next_due_s=None if next_due is None else max(float(next_due), 0.0),
+        )
+
+    async def _decide_role(self, conn: asyncpg.Connection) -> bool:
+        """Whether this relay is the table's sleeper; if not, queue for the role."""
+        if self.role is None:
+            try:
+                got = await conn.fetchval(self._q["wakeup_role_try"])
+            except DB_ERRORS as exc:
+                self._lost(f"taking the sleeper role failed: {exc}")
+                return False
+            if got:
+                self.role = "sleeper"
+            else:
+                self.role = "waiter"
+                self._role_wait = asyncio.ensure_future(
+                    conn.fetchval(self._q["wakeup_role_wait"], timeout=_ROLE_WAIT_S)
+                )
+                self._role_wait.add_done_callback(self._on_role_granted)
+        return self.role == "sleeper"
+
+    def _on_role_granted(self, task: asyncio.Future[Any]) -> None:
+        if task is not self._role_wait:
+            return
+        self._role_wait = None
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            # Renewal after a long wait, or a lost session: a fresh session asks again.
+            self._reset()
+            return
+        # The previous sleeper's session ended: producers may have skipped the NOTIFY
+        # meanwhile, so sweep and go to sleep the sleeper's way.
+        self.role = "sleeper"
+        log.info("wakeup_sleeper_role_taken")
+        self._wake()
 
     async def mark_awake(self) -> None:
         """Release the lock without waiting: holding it a little longer only costs a few
@@ -189,13 +242,12 @@ class LockGate:
             self._release = asyncio.ensure_future(self._unlock())
 
     def sleep_cap_s(self) -> float | None:
-        """No sleep while the lock is pending (prepare_sleep waited a slice: sweep now); a
-        short one while lingering awake; adaptive polling in `off` mode; short polling
-        while the mode is unknown."""
+        """No sleep while the lock is pending (prepare_sleep waited a slice: sweep now);
+        adaptive polling in `off` mode; short polling while the sleeper has no session."""
         if self._acquire is not None:
             return 0.0
-        if self._lingering:
-            return self.awake_poll_s
+        if self.role == "waiter":
+            return None
         if self.mode == "off":
             return self._poll.next_s(self._found_rows)
         if self.mode is None:
@@ -203,16 +255,18 @@ class LockGate:
         return None
 
     async def close(self) -> None:
-        """Drop the connection (which releases the lock) and forget pending requests."""
+        """Drop the connection (which releases the locks) and forget pending requests."""
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             conn.terminate()
-        pending = [t for t in (self._acquire, self._release) if t is not None]
+        pending = [t for t in (self._acquire, self._release, self._role_wait) if t is not None]
+        self._role_wait = None
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._acquire = self._release = None
         self.held = False
+        self.role = None
 
     async def _unlock(self) -> None:
         conn = self._conn
@@ -224,7 +278,7 @@ class LockGate:
             self._lost(f"releasing the wake-up lock failed: {exc}")
 
     async def _connection(self) -> asyncpg.Connection | None:
-        """The dedicated gate connection (session-level lock), opened on demand."""
+        """The dedicated gate connection (session-level locks), opened on demand."""
         if self._release is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._release
@@ -248,19 +302,24 @@ class LockGate:
             self._lost("connection closed")
 
     def _reset(self) -> bool:
-        """Drop the session (and with it the lock); return whether the lock was held."""
+        """Drop the session (and with it both locks); return whether this relay was the
+        sleeper (so producers may have skipped the NOTIFY on its account)."""
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             conn.terminate()
-        was_held, self.held, self.mode = self.held, False, None
-        return was_held
+        waiting, self._role_wait = self._role_wait, None
+        if waiting is not None:
+            waiting.cancel()
+        was_sleeper = self.held or self.role == "sleeper"
+        self.held, self.mode, self.role = False, None, None
+        return was_sleeper
 
     def _lost(self, error: str) -> None:
-        """The lock is gone with the connection: producers may stop notifying, so the
-        worker must sweep and poll until the lock is held again."""
-        was_held = self._reset()
+        """The locks are gone with the connection: producers may stop notifying, so the
+        worker must sweep and poll until the session is back."""
+        was_sleeper = self._reset()
         if not self._outage:
             log.warning("wakeup_connection_lost", error=error)
             self._outage = True
-        if was_held:
+        if was_sleeper:
             self._wake()

@@ -92,7 +92,7 @@ async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_l
     reason="relay bug / missing setting: after a silent PostgreSQL cut the statement in flight "
     "times out after command_timeout (max(30 s, 2 x publish_timeout_s), relay/pg/store.py "
     "connect_args; no setting lowers it), then the rollback on the same dead connection "
-    "waits another command_timeout: database_unavailable comes after ~2 x command_timeout "
+    "waits another command_timeout: connection_lost comes after ~2 x command_timeout "
     "(60 s). The client socket has no keepalive or tcp_user_timeout (the tcp_keepalives_* "
     "set are server-side) and the LISTEN session never notices")
 async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_set_timeouts(
@@ -119,17 +119,17 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
                          what="the relay's claimed rows freed")
         freed_s = time.monotonic() - (proxy.black_holed_at or 0.0)
         # The relay notices when a statement it sent times out (asyncpg's command timeout).
-        await wait_until(lambda: group.events("database_unavailable"),
+        await wait_until(lambda: _pool_events(group, "connection_lost"),
                          timeout_s=command_s * 2 + SLACK_S * 2, interval_s=0.1,
-                         what="database_unavailable")
+                         what="connection_lost (database)")
         detect_s = time.monotonic() - (proxy.black_holed_at or 0.0)
         print(f"\n[chaos] black hole to PostgreSQL: rows freed after {freed_s:.1f}s "
               f"(idle-in-transaction {idle_s:g}s), relay noticed after {detect_s:.1f}s "
               f"(command timeout {command_s:g}s)")
         assert freed_s <= idle_s + SLACK_S
         await proxy.restore()
-        await wait_until(lambda: group.events("database_reconnected"), timeout_s=60,
-                         what="database_reconnected")
+        await wait_until(lambda: _pool_events(group, "connection_restored"), timeout_s=60,
+                         what="connection_restored (database)")
     await proxy.close()
     # Checked last, so that everything above (no loss, rows freed in time) is proven first.
     if detect_s > command_s + SLACK_S:
@@ -170,3 +170,9 @@ async def _flow(env: Env, tmp_path: Path, **overrides: object
         producer.kill()
         await probe.close()
         await consumer.stop()
+
+
+def _pool_events(group: object, event: str) -> list[object]:
+    """The worker pool's Supervisor events (the LISTEN session logs its own)."""
+    found = group.events(event)  # type: ignore[attr-defined]
+    return [e for e in found if e.get("connection") == "database"]

@@ -1,4 +1,5 @@
-"""CI keeps the benchmark suite working: its smoke mode runs end to end and writes its report."""
+"""CI keeps the benchmark suite working: its smoke mode runs end to end, in the notify mode a
+user gets by default, and writes its report with what every figure needs to be read."""
 
 from __future__ import annotations
 
@@ -7,16 +8,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+from relay.settings import NotifyMode, Settings
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_bench_smoke__runs_every_scenario_and_writes_results(tmp_path: Path) -> None:
+def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results(
+    tmp_path: Path,
+) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "results.json").read_text())
+    default = Settings.model_fields["notify"].default
+    assert isinstance(default, NotifyMode)
+    assert report["notify_mode"] == default.value
+    assert {"nproc", "memory_gb"} <= set(report["machine"])
+    assert len(report["load_before"]) == 3
+    assert report["command"].startswith("python -m bench.run --smoke")
     summary = report["summary"]
     assert {"classic_relay", "aio_pika_pipelined", "bulk_frames", "pg_claim_delete"} <= set(
         summary["limits"]
@@ -25,8 +36,17 @@ def test_bench_smoke__runs_every_scenario_and_writes_results(tmp_path: Path) -> 
         (1, "bulk"), (2, "bulk"), (1, "simple")
     }
     assert all(d["msg_per_s"]["median"] > 0 for d in summary["drain"])
-    assert summary["latency"][0]["p99_ms"]["median"] > 0
-    assert "relay_1p_vs_classic" in summary["ratios"]
+    assert all(r["load_before"] for d in report["raw"]["drain"] for r in d["runs"])
+    latency_modes = {e["mode"] for e in summary["latency"]}
+    assert default.value in latency_modes
+    assert all(e["p99_ms"]["median"] > 0 for e in summary["latency"])
+    assert {(e["situation"], e["mode"]) for e in summary["producers"]} >= {
+        ("backlog", "off"), ("backlog", default.value), ("live", "off"), ("live", default.value)
+    }
+    assert {e["trigger"] for e in summary["triggers"]} == {"none", "statement", "per_row"}
+    assert all(c["relay"] > 0 for c in summary["cost"])
+    assert "big_backlog_vs_small" in summary["ratios"]
     markdown = (tmp_path / "RESULTS.md").read_text()
-    assert "## Drain throughput" in markdown
-    assert "## Latency" in markdown
+    for section in ("## Drain throughput", "## Cost model", "## Latency", "## Producers spared"):
+        assert section in markdown
+    assert f"notify mode: **{default.value}**" in markdown

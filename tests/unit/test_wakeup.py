@@ -25,7 +25,9 @@ def test_adaptive_poll__doubles_up_to_poll_interval_while_sweeps_find_nothing() 
 
 async def test_always_notified_gate__never_asks_for_a_final_sweep_or_caps_the_sleep() -> None:
     gate = AlwaysNotified()
-    assert await gate.prepare_sleep(asyncio.Event(), found_rows=True) is False
+    plan = await gate.prepare_sleep(asyncio.Event(), found_rows=True)
+    assert not plan.sweep
+    assert not plan.due_known  # the worker reads the next due time itself
     assert gate.sleep_cap_s() is None
 
 

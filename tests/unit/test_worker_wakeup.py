@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from relay.interfaces import Message, OutboxRow, PublishResult, Settlement
 from relay.loop.worker import Worker, WorkerConfig
+from relay.pg.wakeup import SleepPlan, keep_sweeping
 from tests.helpers import wait_until
 
 
@@ -64,15 +65,18 @@ class LateProducerGate:
     cap_s: float | None = None
     calls: list[tuple[str, bool]] = field(default_factory=list)
 
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> bool:
+    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
         self.calls.append(("prepare_sleep", found_rows))
         if [name for name, _ in self.calls].count("prepare_sleep") == 1:
             self.store.rows.append(row(1))
-            return True
-        return False
+            return SleepPlan(stay_awake=True, due_known=True)
+        return SleepPlan(due_known=True)
 
     async def mark_awake(self) -> None:
         self.calls.append(("mark_awake", False))
+
+    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
+        return keep_sweeping(rows_this_wakeup)
 
     def sleep_cap_s(self) -> float | None:
         return self.cap_s
@@ -111,3 +115,4 @@ async def test_worker__sleep_cap_from_gate_shortens_the_poll_and_reports_found_r
     assert found[0] is True  # the start-up sweep found the row
     assert not any(found[1:])
     assert ("mark_awake", False) in gate.calls
+

@@ -1,0 +1,90 @@
+"""Producers in a process of their own: N connections commit 1-row transactions at a rate.
+
+    python -m bench.producer --dsn DSN --exchange X --rate 1000 --connections 4 --seconds 10 \\
+        --out ids.txt
+
+Each connection runs an open-loop Poisson schedule (rate / N per second): a commit that falls
+behind is sent at once, never skipped. After each commit returns, the row id and the
+monotonic time (CLOCK_MONOTONIC: one clock for every process on the machine) go to --out, one
+`id time` line per row; a JSON line with the achieved rate goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+
+from bench.common import ROUTING_KEY
+
+INSERT = (
+    "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) "
+    "RETURNING id::text"
+)
+BODY = (
+    '{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
+    '"amount_cents": 45678, "currency": "EUR", "note": "' + "x" * 64 + '", '
+    '"created": "2026-01-01T00:00:00Z"}'
+)
+
+
+async def produce(dsn: str, exchange: str, rate: float, connections: int,
+                  seconds: float) -> tuple[list[tuple[str, float]], float]:
+    """Commit at `rate` per second over `connections` for `seconds`; (id, commit time) pairs."""
+    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+    out: list[tuple[str, float]] = []
+    per_conn = rate / connections
+    start = time.monotonic() + 0.05
+    end = start + seconds
+
+    async def one(conn: asyncpg.Connection, seed: int) -> None:
+        rnd = random.Random(seed)
+        due = start + rnd.expovariate(per_conn)
+        while due < end:
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            row_id = await conn.fetchval(INSERT, exchange, ROUTING_KEY, BODY)
+            out.append((row_id, time.monotonic()))
+            due += rnd.expovariate(per_conn)
+
+    try:
+        await asyncio.gather(*(one(c, i) for i, c in enumerate(conns)))
+    finally:
+        for c in conns:
+            await c.close()
+    last = max((t for _, t in out), default=start + seconds)
+    return out, max(last - start, seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, produce, write the ids and times."""
+    parser = argparse.ArgumentParser(prog="python -m bench.producer", description=__doc__)
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--exchange", required=True)
+    parser.add_argument("--rate", type=float, required=True, help="commits per second")
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    rows, elapsed = runner(produce(args.dsn, args.exchange, args.rate, args.connections,
+                                   args.seconds))
+    args.out.write_text("".join(f"{i} {t!r}\n" for i, t in rows))
+    print(json.dumps({"commits": len(rows), "achieved_per_s": round(len(rows) / elapsed, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Producers spared: pgbench commit rate with each notify mode's trigger, against no trigger.
+
+8 pgbench clients (its own process) commit one 1-row INSERT per transaction for a few seconds
+while `relay run` works, in two situations:
+
+- backlog: one relay drains a backlog committed before the run (its batches come back full);
+- live: two relays (the table's sleeper and a waiter) start on an empty table and follow the
+  producers, sleeping whenever they catch up.
+
+Rounds alternate the modes (the trigger switched on the live table by `migrate`; relays follow
+it), so machine noise hits every mode alike; each round gives the ratio of a mode's commit rate
+to no trigger (`off`) in that round. The median and spread of those ratios are the figure.
+NOTIFYs are counted on a separate LISTEN connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench.common import (
+    NAMES,
+    BenchEnv,
+    Relay,
+    insert_backlog,
+    load_before,
+    purge_queue,
+    set_mode,
+    wait_empty,
+)
+from relay.settings import NotifyMode
+
+INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) "
+          "VALUES ('{x}', 'rk', '{{\"n\": 1}}');\n")
+
+
+def pgbench(dsn: str, script: Path, clients: int, seconds: float) -> float:
+    """Commits per second of one pgbench run."""
+    out = subprocess.run(
+        ["pgbench", "-n", "-f", str(script), "-c", str(clients), "-j", "2",
+         "-T", str(max(1, round(seconds))), dsn],
+        capture_output=True, text=True, check=True,
+    )
+    match = re.search(r"tps = ([\d.]+)", out.stdout)
+    if match is None:
+        raise RuntimeError(out.stdout + out.stderr)
+    return float(match.group(1))
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, *_: object) -> None:
+        self.n += 1
+
+
+async def producer_rounds(
+    env: BenchEnv,
+    *,
+    situation: str,
+    modes: tuple[NotifyMode, ...],
+    rounds: int,
+    seconds: float,
+    clients: int = 8,
+    backlog_rows: int = 150_000,
+) -> list[dict[str, Any]]:
+    """`rounds` rounds of every mode (order reversed every other round); one dict per run."""
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-producers-"))
+    script = log_dir / "insert.sql"
+    script.write_text(INSERT.format(x=env.exchange))
+    relays = [Relay(env.relay_env(), log_dir / f"relay-{i}.log")
+              for i in range(1 if situation == "backlog" else 2)]
+    listen = await asyncpg.connect(env.dsn)
+    counter = _Counter()
+    await listen.add_listener(NAMES.channel, counter)
+    out: list[dict[str, Any]] = []
+    try:
+        for relay in relays:
+            await relay.wait_started()
+        for r in range(rounds):
+            order = modes if r % 2 == 0 else tuple(reversed(modes))
+            for mode in order:
+                await set_mode(env, mode)
+                if situation == "backlog":
+                    await insert_backlog(listen, env, backlog_rows)
+                    await asyncio.sleep(0.5)  # the relay is woken and drains
+                else:
+                    await wait_empty(listen, 120)
+                    await asyncio.sleep(0.5)  # the relays go to sleep
+                before_notifies = counter.n
+                load = load_before()
+                tps = await asyncio.to_thread(pgbench, env.dsn, script, clients, seconds)
+                left = await listen.fetchval("SELECT count(*) FROM queue_message")
+                out.append({"situation": situation, "round": r + 1, "mode": mode.value,
+                            "clients": clients, "tps": round(tps),
+                            "notifications": counter.n - before_notifies,
+                            "rows_left": left, "load_before": load})
+                print(out[-1], flush=True)
+                await wait_empty(listen, 600)
+                await purge_queue(env)  # nothing consumes: keep the shared broker's memory low
+    finally:
+        await listen.close()
+        for relay in relays:
+            relay.stop()
+    return out
+
+
+def ratios(runs: list[dict[str, Any]], mode: str) -> list[float]:
+    """Per round: the mode's commit rate over no trigger's."""
+    base = {r["round"]: r["tps"] for r in runs if r["mode"] == "off"}
+    return [round(r["tps"] / base[r["round"]], 3) for r in runs
+            if r["mode"] == mode and base.get(r["round"])]

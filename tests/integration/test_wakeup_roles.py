@@ -1,0 +1,98 @@
+"""One sleeper per table (relay/pg/wakeup.py): with two relays in conditional mode, one holds
+the sleeper role and the wake-up lock, the other waits for the role; killing the sleeper hands
+the role over, and a row committed while no relay held the lock is delivered by the new
+sleeper's check, not by the periodic sweep. Real PostgreSQL, RabbitMQ and `relay run`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+
+from relay.pg.migrate import migrate
+from relay.pg.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
+from relay.settings import NotifyMode
+from tests.helpers import Env, wait_until
+
+NAMES = TableNames(None, "queue_message", "queue_message_notify")
+POLL_S = 30  # a missed wake-up would wait this long
+
+ROLE_HOLDERS = f"""
+SELECT split_part(a.application_name, ' ', 4)::int AS relay_pid
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.classid = {WAKEUP_LOCK_CLASS + 1}::oid
+  AND l.objid = 'queue_message'::regclass::oid AND l.objsubid = 2 AND l.granted
+"""
+INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, 'rk', '{}') "
+          "RETURNING id::text")
+
+
+async def _holders(dsn: str) -> list[int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [r["relay_pid"] for r in await conn.fetch(ROLE_HOLDERS)]
+    finally:
+        await conn.close()
+
+
+async def _sleepers(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(Queries(NAMES)["wakeup_sleepers"]))
+    finally:
+        await conn.close()
+
+
+async def _delivered(dsn: str, row_id: str) -> bool:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM queue_message "
+                                       "WHERE id = $1::uuid)", row_id)
+    finally:
+        await conn.close()
+
+
+async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_killed(
+    env: Env, start_relay
+) -> None:
+    conn = await asyncpg.connect(env.pg_dsn)
+    await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+    first = start_relay(poll_interval_s=POLL_S)
+    second = start_relay(poll_interval_s=POLL_S)
+    await wait_until(lambda: _one_holder(env.pg_dsn), what="one relay holding the sleeper role")
+    holder = (await _holders(env.pg_dsn))[0]
+    sleeper, waiter = (first, second) if first.pid == holder else (second, first)
+    assert waiter.pid != holder
+    await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
+
+    # A row while the sleeper sleeps: notified, delivered by either relay.
+    row_id = await conn.fetchval(INSERT, env.exchange)
+    await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5, what="delivery")
+
+    sleeper.kill()
+    await wait_until(lambda: _holder_is(env.pg_dsn, waiter.pid), timeout_s=10,
+                     what="the waiter granted the sleeper role")
+    # Committed right away: the new sleeper may still be on its way to the lock, so this
+    # producer may skip the NOTIFY; its check after the lock must find the row.
+    started = time.monotonic()
+    orphan = await conn.fetchval(INSERT, env.exchange)
+    await wait_until(lambda: _delivered(env.pg_dsn, orphan), timeout_s=POLL_S / 3,
+                     what="the row committed during the hand-over, before the periodic sweep")
+    assert time.monotonic() - started < 5
+    await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
+    assert waiter.alive()
+    await conn.close()
+
+
+async def _one_holder(dsn: str) -> bool:
+    return len(await _holders(dsn)) == 1
+
+
+async def _holder_is(dsn: str, pid: int) -> bool:
+    return await _holders(dsn) == [pid]
+
+
+async def _sleepers_are(dsn: str, n: int) -> bool:
+    await asyncio.sleep(0)
+    return await _sleepers(dsn) == n
