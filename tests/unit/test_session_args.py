@@ -27,7 +27,7 @@ def test_session_args__ask_for_a_writable_server_unless_the_dsn_says_otherwise(
         "read-write")
     assert _args("host=db1,db2 dbname=app")["target_session_attrs"] == "read-write"
     url = "postgresql://relay@db1,db2/app?target_session_attrs=primary"
-    assert "target_session_attrs" not in _args(url)  # asyncpg reads it from the URL
+    assert _args(url)["target_session_attrs"] == "primary"
     assert _args("host=db1 target_session_attrs=any")["target_session_attrs"] == "any"
 
 
