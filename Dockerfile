@@ -14,10 +14,11 @@ WORKDIR /src
 RUN python -m venv /opt/relay
 # Dependencies first (they change less often than the code), then the package itself:
 # a plain, non-editable install, the same one tests/integration/test_packaging.py makes.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY sql/ sql/
 COPY relay/ relay/
-RUN /opt/relay/bin/pip install --no-cache-dir --only-binary=asyncpg,uvloop,pydantic-core . \
+RUN /opt/relay/bin/pip install --no-cache-dir --only-binary=asyncpg,uvloop,pydantic-core \
+        -c constraints.txt . \
     && /opt/relay/bin/relay --help > /dev/null
 
 # ---------------------------------------------------------------- runtime: no compilers, non-root
@@ -44,7 +45,7 @@ CMD ["run"]
 
 # ---------------------------------------------------------------- spark: jobs that write the outbox
 FROM build AS spark-build
-RUN /opt/relay/bin/pip install --no-cache-dir ".[spark]"
+RUN /opt/relay/bin/pip install --no-cache-dir -c constraints.txt ".[spark]"
 
 FROM ${PYTHON_IMAGE} AS spark
 # Java 17 for pyspark 4; Debian's PostgreSQL JDBC driver at /usr/share/java/postgresql.jar.

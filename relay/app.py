@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from relay.amqp.bulk import BulkPublisher
-from relay.amqp.publisher import AmqpPublisher
+from relay.amqp.encoder import Encoder
+from relay.amqp.nodes import redact_urls
+from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
+from relay.deadlines import Deadlines
 from relay.errors import BrokerError, ConfigError, DatabaseUnavailable
 from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
@@ -46,8 +48,7 @@ def worker_config(settings: Settings) -> WorkerConfig:
         # single-active promises one batch at a time, in seq order.
         concurrency=1 if settings.mode is RelayMode.SINGLE_ACTIVE else settings.concurrency,
         poll_interval_s=settings.poll_interval_s,
-        mandatory=settings.mandatory,
-        max_message_bytes=settings.max_message_bytes,
+        publish_budget_s=Deadlines.from_settings(settings).publish_budget_s,
         retry=RetryPolicy(settings.max_attempts, settings.retry_base_s, settings.retry_max_s),
         db_retry_max_s=settings.reconnect_max_s,
         ordering_block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
@@ -114,39 +115,42 @@ def _auth_refused(exc: BrokerError) -> bool:
     )
 
 
+def make_publisher(settings: Settings, supervisor: Supervisor) -> Pipeline:
+    """The publish pipeline over the configured transport; `supervisor` drives its connection
+    (start-up wait, reconnects, the state /healthz shows)."""
+    kind = BulkPublisher if settings.publisher is PublisherKind.BULK else AmqpPublisher
+    return kind(
+        settings.amqp_url,
+        publish_timeout_s=Deadlines.from_settings(settings).publish_budget_s,
+        reconnect_max_s=settings.reconnect_max_s,
+        encoder=Encoder(mandatory=settings.mandatory,
+                        max_message_bytes=settings.max_message_bytes),
+        supervisor=supervisor,
+    )
+
+
 async def _open_servers(
     settings: Settings, supervisors: Supervisors
-) -> tuple[Outbox, AmqpPublisher]:
+) -> tuple[Outbox, Pipeline]:
     """The pool and the broker connection, each waited for up to the start-up bound."""
     database = supervisors.add("database", describe=redact_url(settings.pg_dsn), bounded=True)
     outbox = await database.establish(lambda: Outbox.open(settings),
                                       retry_on=(DatabaseUnavailable,))
-    kind = BulkPublisher if settings.publisher is PublisherKind.BULK else AmqpPublisher
-    publisher = kind(
-        settings.amqp_url,
-        publish_timeout_s=settings.publish_timeout_s,
-        reconnect_max_s=settings.reconnect_max_s,
-    )
-    broker = supervisors.add("broker", describe=redact_url(settings.amqp_url), bounded=True)
-
-    async def connect_broker() -> None:
-        try:
-            await publisher.connect()
-        except BrokerError as exc:
-            # A certificate the CA file does not vouch for, or credentials the broker refuses,
-            # will not change by waiting: a configuration error, not an absent server.
-            if _tls_refused(exc) or _auth_refused(exc):
-                raise ConfigError(f"RELAY_AMQP_URL: {exc}") from exc
-            raise
-
+    broker = supervisors.add("broker", describe=redact_urls(settings.amqp_url), bounded=True)
+    publisher = make_publisher(settings, broker)
     try:
-        await broker.establish(connect_broker, retry_on=(BrokerError,))
+        # Supervised by `broker` (the start-up wait here, every later reconnect too). A
+        # certificate the CA file does not vouch for, or credentials the broker refuses, will
+        # not change by waiting: the connection raises at once, a configuration error.
+        await publisher.connect()
+    except BrokerError as exc:
+        await outbox.close()
+        if _tls_refused(exc) or _auth_refused(exc):
+            raise ConfigError(f"RELAY_AMQP_URL: {exc}") from exc
+        raise
     except BaseException:
         await outbox.close()
         raise
-    # The publisher reconnects by itself (relay/amqp) and reports through `connected`; until it
-    # drives this Supervisor, /healthz would show a stale "up": leave the start-up one out.
-    supervisors.discard("broker")
     return outbox, publisher
 
 
@@ -177,7 +181,7 @@ async def run(settings: Settings) -> None:
 
 
 async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
-                 publisher: AmqpPublisher, stop_requested: asyncio.Event) -> None:
+                 publisher: Pipeline, stop_requested: asyncio.Event) -> None:
     """Run listener and worker over open servers until a stop is requested."""
     metrics = RelayMetrics() if settings.http_port else None
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics)
@@ -200,7 +204,7 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
         "relay_started",
         table=settings.table,
         pg=redact_url(settings.pg_dsn),
-        amqp=redact_url(settings.amqp_url),
+        amqp=redact_urls(settings.amqp_url),
         batch_size=settings.batch_size,
         concurrency=settings.concurrency,
         publisher=settings.publisher.value,
@@ -246,17 +250,8 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
 
 
 def stall_after_s(settings: Settings) -> float:
-    """Seconds without loop activity after which /healthz fails.
-
-    A batch may legitimately take a claim query, a publish timeout and a settle query (each
-    query bounded by the command timeout of relay/pg/store.py), and an idle loop wakes at least
-    every poll interval; the bound sits well above the sum so a slow batch is not a restart.
-    """
-    command_timeout_s = max(30.0, settings.publish_timeout_s * 2)
-    return max(
-        120.0,
-        3 * settings.poll_interval_s + settings.publish_timeout_s + 2 * command_timeout_s,
-    )
+    """Seconds without loop activity after which /healthz fails (relay/deadlines.py)."""
+    return Deadlines.from_settings(settings).stall_after_s
 
 
 async def start_http(
@@ -266,7 +261,7 @@ async def start_http(
     poller: BacklogPoller,
     worker: Worker,
     worker_task: asyncio.Future[None],
-    publisher: AmqpPublisher,
+    publisher: Pipeline,
     listener: Listener,
     supervisors: Supervisors,
 ) -> HttpServer:

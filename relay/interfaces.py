@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from relay.options import Properties
@@ -32,7 +33,8 @@ class OutboxRow(NamedTuple):
 
 @dataclass(slots=True)
 class Message:
-    """One AMQP publish: the row id travels as message_id (or the x-outbox-id header)."""
+    """One AMQP publish. The row id always travels in the relay's own header (x-outbox-id), and
+    as message_id unless the producer chose one."""
 
     id: str
     exchange: str
@@ -42,26 +44,94 @@ class Message:
     mandatory: bool
 
 
+class Reason(StrEnum):
+    """Why a row did not leave its batch as published: the bounded code logs and metrics read."""
+
+    # The row's own fault, found before sending: dead at once.
+    INVALID_ROW = "invalid_row"  # NULL content or exchange
+    INVALID_OPTION = "invalid_option"  # options the relay does not know or cannot map
+    ENCODE_ERROR = "encode_error"  # AMQP cannot carry it (short string too long, header type)
+    TOO_LARGE = "too_large"  # body over RELAY_MAX_MESSAGE_BYTES, properties over a frame
+    FORBIDDEN = "forbidden"  # the broker would close the channel for it (a foreign userId)
+    # The broker refused the row: retried with an attempt counted, dead after the limit.
+    UNROUTABLE = "unroutable"
+    NACKED = "nacked"
+    EXCHANGE_NOT_FOUND = "exchange_not_found"
+    CHANNEL_CLOSED_BY_ROW = "channel_closed_by_row"
+    CONFIRM_TIMEOUT = "confirm_timeout"
+    # A bug in the relay's path for this row: dead at once, with a log line.
+    INTERNAL = "internal"
+    # Outside causes: the row is left untouched, no attempt counted.
+    BROKER_LOST = "broker_lost"
+    BLOCKED = "blocked"
+    DEADLINE = "deadline"
+    SHUTDOWN = "shutdown"
+    HELD = "held"  # ordering: a row after its key's unpublished row
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A reason code and the text a person reads (it names the field, exchange or key)."""
+
+    reason: Reason
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.reason.value}: {self.text}"
+
+
 @dataclass(slots=True)
 class PublishResult:
-    """What became of a batch of publishes.
+    """What became of a batch of publishes, per message.
 
-    confirmed: acked by the broker and not returned; failed: the broker refused them (nack,
-    return, missing exchange, confirm timeout) with a reason; unsent: their fate is unknown
-    because the connection was lost, so they are left as they were.
+    confirmed: acked by the broker for exactly that message and not returned; failed: the
+    broker refused the message (its own fault, an attempt is counted); refused: it can never be
+    published as it is (dead at once); unsent: its fate is unknown for a cause outside the row
+    (connection lost, flow control, deadline), so the row is left as it was.
     """
 
     confirmed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    unsent: list[str] = field(default_factory=list)
-    broker_lost: bool = False
-    # Refused before publishing because the broker would refuse them every time (dead letters).
-    invalid: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, Fault] = field(default_factory=dict)
+    refused: dict[str, Fault] = field(default_factory=dict)
+    unsent: dict[str, Reason] = field(default_factory=dict)
+
+    def merge(self, other: PublishResult) -> None:
+        """Add another result (of a later wave of the same batch) to this one."""
+        self.confirmed.extend(other.confirmed)
+        self.failed.update(other.failed)
+        self.refused.update(other.refused)
+        self.unsent.update(other.unsent)
+
+
+class Kind(StrEnum):
+    """The four fates of a claimed row."""
+
+    PUBLISHED = "published"  # the broker acked exactly this message, and did not return it
+    RETRY = "retry"  # published again after a delay; an attempt counted (the row's fault)
+    DEAD = "dead"  # moved to the dead-letter table
+    UNTOUCHED = "untouched"  # left as it was for an outside cause; no attempt counted
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One claimed row's fate in its batch: every claimed row gets exactly one."""
+
+    row_id: str
+    kind: Kind
+    reason: Reason | None = None
+    text: str = ""
+    delay_s: float = 0.0  # retry: how long until the row is due again
+    counted: bool = False  # an attempt was counted against the row
+
+    @property
+    def code(self) -> str:
+        """The reason code, or the kind for a published row (a bounded metrics label)."""
+        return self.kind.value if self.reason is None else self.reason.value
 
 
 @dataclass(slots=True)
 class Settlement:
-    """How a claimed batch is settled in its transaction."""
+    """How a claimed batch is written in its transaction (the store's view of the verdicts)."""
 
     published: list[str] = field(default_factory=list)
     retry: list[tuple[str, str, float]] = field(default_factory=list)  # id, error, delay_s
@@ -69,19 +139,25 @@ class Settlement:
 
 
 class ClaimedBatch(Protocol):
-    """Rows locked in an open transaction; settle() writes their fate before commit."""
+    """Rows locked in an open transaction; settle() writes their fate, commit() ends it.
+
+    Leaving the claim block without commit() rolls the transaction back.
+    """
 
     rows: Sequence[OutboxRow]
 
     async def settle(self, settlement: Settlement) -> None:
         """Delete or archive published rows, reschedule retries, move dead letters."""
 
+    async def commit(self) -> None:
+        """Commit the claim's transaction: the settled fates become durable here."""
+
 
 class Store(Protocol):
     """What the worker needs from the database."""
 
     def claim(self, limit: int) -> AbstractAsyncContextManager[ClaimedBatch]:
-        """Open a transaction and lock up to `limit` due rows; commit on clean exit."""
+        """Open a transaction and lock up to `limit` due rows; roll back unless committed."""
 
     async def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest delayed row is due; None when there is none."""
@@ -97,8 +173,17 @@ class Publisher(Protocol):
     async def wait_ready(self) -> None:
         """Return once connected and unblocked (reconnecting with backoff as needed)."""
 
-    async def publish(self, messages: Sequence[Message]) -> PublishResult:
-        """Publish all messages with confirms pipelined; never raises for one bad message."""
+    def build(self, row: OutboxRow) -> Message | Fault:
+        """The row's wire form, or why the broker would refuse it (dead at once)."""
+
+    async def publish(
+        self, messages: Sequence[Message], *, deadline: float | None = None
+    ) -> PublishResult:
+        """Publish all messages with confirms pipelined, ending by `deadline` (loop time).
+
+        Every message comes back in exactly one field of the result; it never raises for one
+        bad message.
+        """
 
 
 class BatchObserver(Protocol):
@@ -107,14 +192,13 @@ class BatchObserver(Protocol):
     def observe_batch(
         self,
         rows: Sequence[OutboxRow],
-        result: PublishResult,
-        settlement: Settlement,
+        verdicts: Sequence[Verdict],
         *,
         publish_s: float,
         batch_s: float,
         confirmed_at: float,
     ) -> None:
-        """Record one batch: rows claimed, what the broker said, how they were settled."""
+        """Record one committed batch: its rows and their verdicts."""
 
     def loop_woke(self) -> None:
         """The loop woke up (a liveness signal)."""
@@ -126,8 +210,7 @@ class NoMetrics:
     def observe_batch(
         self,
         rows: Sequence[OutboxRow],
-        result: PublishResult,
-        settlement: Settlement,
+        verdicts: Sequence[Verdict],
         *,
         publish_s: float,
         batch_s: float,

@@ -15,6 +15,9 @@ from relay.errors import InvalidRow
 DEFAULT_CONTENT_TYPE = "application/json"
 PERSISTENT = 2
 TRANSIENT = 1
+MAX_EXPIRATION_MS = 2**32 - 1  # RabbitMQ closes the channel for a larger per-message TTL
+MILLISECONDS_FROM = 100_000_000_000  # a timestamp this large is milliseconds, not seconds
+MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second datetime holds
 
 
 class PublishOptions(BaseModel):
@@ -32,7 +35,7 @@ class PublishOptions(BaseModel):
     reply_to: str | None = Field(default=None, alias="replyTo", max_length=255)
     expiration: str | int | None = None
     message_id: str | None = Field(default=None, alias="messageId", max_length=255)
-    timestamp: int | None = Field(default=None, ge=0)
+    timestamp: int | float | str | None = None
     type: str | None = Field(default=None, max_length=255)
     user_id: str | None = Field(default=None, alias="userId", max_length=255)
     app_id: str | None = Field(default=None, alias="appId", max_length=255)
@@ -46,7 +49,40 @@ class PublishOptions(BaseModel):
         text = str(value)
         if not text.isdigit():
             raise ValueError("must be a non-negative number of milliseconds")
+        if int(text) > MAX_EXPIRATION_MS:
+            raise ValueError(f"must be at most {MAX_EXPIRATION_MS} milliseconds (RabbitMQ)")
         return text
+
+    @field_validator("timestamp", mode="before")
+    @classmethod
+    def _timestamp_s(cls, value: object) -> int | None:
+        return None if value is None else timestamp_seconds(value)
+
+
+def timestamp_seconds(value: object) -> int:
+    """Seconds since the epoch from seconds, milliseconds (amqplib's Date.now()) or ISO 8601.
+
+    A number from 1e11 up is read as milliseconds: as seconds it would be past the year 5000.
+    """
+    if isinstance(value, bool):
+        raise ValueError("must be seconds or milliseconds since the epoch, or ISO 8601 text")
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("text must be an ISO 8601 date and time") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        seconds = parsed.timestamp()
+    elif isinstance(value, int | float):
+        seconds = float(value)
+        if seconds >= MILLISECONDS_FROM:
+            seconds /= 1000.0
+    else:
+        raise ValueError("must be seconds or milliseconds since the epoch, or ISO 8601 text")
+    if not 0 <= seconds <= MAX_TIMESTAMP_S:
+        raise ValueError("must fall between 1970 and the year 9999")
+    return int(seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +133,7 @@ def parse_options(text: str | None) -> Properties:
         return Properties()
     try:
         raw = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidRow(f"options: not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise InvalidRow("options: must be a JSON object")
@@ -117,7 +153,7 @@ def parse_options(text: str | None) -> Properties:
         message_id=opts.message_id,
         timestamp=None
         if opts.timestamp is None
-        else datetime.fromtimestamp(opts.timestamp, tz=UTC),
+        else datetime.fromtimestamp(int(opts.timestamp), tz=UTC),
         type=opts.type,
         user_id=opts.user_id,
         app_id=opts.app_id,

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
@@ -102,7 +102,9 @@ class Settings(BaseSettings):
     publish_timeout_s: Seconds = Field(
         default=15.0,
         validation_alias=_env("PUBLISH_TIMEOUT"),
-        description="Seconds to wait for the broker to confirm a batch before it is retried.",
+        description="Seconds a batch's whole publish may take (every pass, waiting out "
+        "connection.blocked included); rows still unconfirmed then are left for a later batch. "
+        "The claim's idle-in-transaction limit is derived from it (relay/deadlines.py).",
     )
     mandatory: bool = Field(
         default=True,
@@ -207,6 +209,13 @@ class Settings(BaseSettings):
         "RabbitMQ to answer before giving up (exit code 75); a server lost later is retried "
         "for as long as the relay runs.",
     )
+    # Deadlines (relay/deadlines.py derives the rest from these).
+    statement_timeout_s: Seconds = Field(
+        default=30.0,
+        validation_alias=_env("STATEMENT_TIMEOUT"),
+        description="Seconds: bound of each claim and settle statement (server statement_timeout "
+        "and client timeout).",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     log_format: str = Field(
         default="auto", description="json, console, or auto (console on a terminal)."
@@ -229,7 +238,9 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _amqp_scheme(cls, value: str) -> str:
-        if urlsplit(value).scheme not in {"amqp", "amqps"}:
+        # A comma-separated list of nodes is allowed (relay/amqp/nodes.py): check each one.
+        urls = [part.strip() for part in value.split(",") if part.strip()] or [value]
+        if any(urlsplit(url).scheme not in {"amqp", "amqps"} for url in urls):
             raise ValueError("must start with amqp:// or amqps://")
         return value
 
@@ -274,6 +285,18 @@ class Settings(BaseSettings):
                     f"RELAY_{high.upper()} ({getattr(self, high):g})"
                 )
         return self
+
+    # Deadlines: a stop must leave in-flight batches the time their publish may take.
+    @field_validator("shutdown_timeout_s")
+    @classmethod
+    def _shutdown_outlasts_a_publish(cls, value: float, info: ValidationInfo) -> float:
+        publish_s = info.data.get("publish_timeout_s")
+        if publish_s is not None and value <= publish_s:
+            raise ValueError(
+                f"must exceed RELAY_PUBLISH_TIMEOUT_S ({publish_s:g}): a stop lets in-flight "
+                "batches finish their publish"
+            )
+        return value
 
     @property
     def table_schema(self) -> str | None:

@@ -3,8 +3,9 @@
 Pure code (no I/O) so that it can be checked byte for byte against pamqp in unit tests.
 aiormq encodes every publish through pamqp objects (about 3x what the broker needs per
 message); here the Basic.Publish method frame is cached per (exchange, routing key,
-mandatory), the content-header properties are packed once per property set with only the
-message_id spliced in per row, and the whole batch becomes one bytes object.
+mandatory), the content-header properties are packed once per property set with only the row
+id spliced in per row (length-preserving, so no length prefix changes), and the whole batch
+becomes one bytes object. The bytes are those pamqp writes for the same message.
 """
 
 from __future__ import annotations
@@ -27,71 +28,94 @@ FRAME_END = b"\xce"
 _FRAME_OVERHEAD = 8  # type(1) channel(2) size(4) ... end(1)
 _HEADER_START = struct.Struct(">BHIHHQ")  # frame type, channel, size, class, weight, body size
 _BODY_START = struct.Struct(">BHI")
-_SENTINEL = "relay-bulk-frames-message-id-sentinel"
-_SENTINEL_SHORTSTR = bytes([len(_SENTINEL)]) + _SENTINEL.encode()
 
 PENDING, ACKED, NACKED = 0, 1, 2
 
 PropertiesFor = Callable[[Message], spec.Basic.Properties]
+MethodFor = Callable[[str, str, bool], spec.Basic.Publish]
+
+
+def _slots(a: bytes, b: bytes, n: int) -> list[bytes] | None:
+    """Split `a` around the places where it differs from `b` in runs of exactly `n` bytes."""
+    if len(a) != len(b) or n == 0:
+        return None
+    diffs = [i for i in range(len(a)) if a[i] != b[i]]
+    if not diffs or len(diffs) % n:
+        return None
+    parts, prev = [], 0
+    for k in range(0, len(diffs), n):
+        start = diffs[k]
+        if diffs[k + n - 1] != start + n - 1:
+            return None
+        parts.append(a[prev:start])
+        prev = start + n
+    parts.append(a[prev:])
+    return parts
 
 
 class FrameEncoder:
     """Encodes batches of publishes for one channel number into one bytes object."""
 
-    def __init__(self, channel_number: int, frame_max: int, properties_for: PropertiesFor) -> None:
+    def __init__(self, channel_number: int, frame_max: int, properties_for: PropertiesFor,
+                 method_for: MethodFor | None = None) -> None:
         self.channel = channel_number
         self.max_body_frame = frame_max - _FRAME_OVERHEAD
         self._properties_for = properties_for
+        self._method_for = method_for or (
+            lambda x, k, m: spec.Basic.Publish(exchange=x, routing_key=k, mandatory=m)
+        )
         self._methods: dict[tuple[str, str, bool], bytes] = {}
-        # id(Properties) -> (the object, kept alive so its id is not reused; prefix; suffix)
-        self._props: dict[int, tuple[Properties, bytes, bytes]] = {}
+        # (id(Properties), id length) -> (the object, kept alive so its id is not reused;
+        # the encoded properties split where the row id goes, or None: encode in full)
+        self._props: dict[tuple[int, int], tuple[Properties, list[bytes] | None]] = {}
 
     def method_frame(self, exchange: str, routing_key: str, mandatory: bool) -> bytes:
         """The Basic.Publish frame, encoded once per destination."""
         key = (exchange, routing_key, mandatory)
         cached = self._methods.get(key)
         if cached is None:
-            method = spec.Basic.Publish(
-                exchange=exchange, routing_key=routing_key, mandatory=mandatory
-            )
-            cached = pamqp_frame.marshal(method, self.channel)
+            cached = pamqp_frame.marshal(self._method_for(exchange, routing_key, mandatory),
+                                         self.channel)
             if len(self._methods) > 10_000:
                 self._methods.clear()
             self._methods[key] = cached
         return cached
 
-    def _split_properties(self, message: Message) -> tuple[bytes, bytes] | None:
-        """Encoded properties before and after the message_id, for rows whose id is it."""
+    def _template(self, message: Message, id_size: int) -> list[bytes] | None:
+        """The encoded properties of the message's property set, split where the row id goes.
+
+        Encoded twice with two stand-in ids of the row id's length: the bytes that differ are
+        exactly the row id's places (message_id, the relay's header), and no length prefix
+        changes when the real id is spliced in, since it has the same length.
+        """
         p = message.properties
-        entry = self._props.get(id(p))
+        entry = self._props.get((id(p), id_size))
         if entry is not None and entry[0] is p:
-            return entry[1], entry[2]
-        if p.message_id is not None and p.message_id != message.id:
-            return None  # the row id travels in a header: encode this one in full
-        probe = Message(_SENTINEL, message.exchange, message.routing_key, b"", p, False)
-        encoded = self._properties_for(probe).marshal()
-        at = encoded.find(_SENTINEL_SHORTSTR)
-        if at < 0 or encoded.find(_SENTINEL_SHORTSTR, at + 1) >= 0:
-            return None  # cannot happen with pamqp's encoding; fall back to the full path
-        split = (encoded[:at], encoded[at + len(_SENTINEL_SHORTSTR) :])
+            return entry[1]
+        encoded = [
+            self._properties_for(
+                Message(stand_in * id_size, message.exchange, message.routing_key, b"", p, False)
+            ).marshal()
+            for stand_in in ("a", "b")
+        ]
+        parts = _slots(encoded[0], encoded[1], id_size)
         if len(self._props) > 4096:
             self._props.clear()
-        self._props[id(p)] = (p, *split)
-        return split
+        self._props[(id(p), id_size)] = (p, parts)
+        return parts
 
     def header_frame(self, message: Message) -> bytes:
         """The content header frame of one message."""
-        split = self._split_properties(message)
         mid = message.id.encode()
-        if split is None or len(mid) > 255:
+        parts = self._template(message, len(mid))
+        if parts is None:
             header = ContentHeader(
                 body_size=len(message.body), properties=self._properties_for(message)
             )
             return pamqp_frame.marshal(header, self.channel)
-        pre, post = split
-        size = 12 + len(pre) + 1 + len(mid) + len(post)
-        start = _HEADER_START.pack(2, self.channel, size, 60, 0, len(message.body))
-        return b"".join((start, pre, bytes((len(mid),)), mid, post, FRAME_END))
+        props = mid.join(parts)
+        start = _HEADER_START.pack(2, self.channel, 12 + len(props), 60, 0, len(message.body))
+        return b"".join((start, props, FRAME_END))
 
     def body_frames(self, body: bytes) -> bytes:
         """Content body frames, split at the negotiated frame size."""

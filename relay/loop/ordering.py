@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from relay.interfaces import (
+    Fault,
+    Kind,
     Message,
     OutboxRow,
     Publisher,
     PublishResult,
-    Settlement,
+    Reason,
+    Verdict,
 )
 
 
@@ -38,7 +41,7 @@ def rows_after_breaks(rows: Sequence[OutboxRow], broken: Collection[str]) -> set
 
 
 def publishable(
-    rows: Sequence[OutboxRow], messages: Sequence[Message], invalid: Mapping[str, str],
+    rows: Sequence[OutboxRow], messages: Sequence[Message], invalid: Mapping[str, Fault],
     *, block_on_dead: bool,
 ) -> list[Message]:
     """Drop messages that must not go out yet: with block, rows after an invalid row of a key."""
@@ -48,15 +51,9 @@ def publishable(
     return [m for m in messages if m.id not in held]
 
 
-def _merge(into: PublishResult, other: PublishResult) -> None:
-    into.confirmed.extend(other.confirmed)
-    into.failed.update(other.failed)
-    into.unsent.extend(other.unsent)
-    into.broker_lost = into.broker_lost or other.broker_lost
-
-
 async def publish_in_waves(
-    publisher: Publisher, rows: Sequence[OutboxRow], messages: Sequence[Message]
+    publisher: Publisher, rows: Sequence[OutboxRow], messages: Sequence[Message],
+    *, deadline: float | None = None,
 ) -> PublishResult:
     """Publish a batch; a key whose head failed before goes out head first, the rest after.
 
@@ -70,36 +67,42 @@ async def publish_in_waves(
             heads[row.ordering_key] = row
     suspects = {r.id for r in heads.values() if r.attempts > 0}
     if not suspects:
-        return await publisher.publish(messages)
+        return await publisher.publish(messages, deadline=deadline)
     behind = rows_after_breaks(rows, suspects)
     first = [m for m in messages if m.id not in behind]
-    result = await publisher.publish(first)
+    result = await publisher.publish(first, deadline=deadline)
     confirmed = set(result.confirmed)
     broken = suspects - confirmed
     hold = rows_after_breaks(rows, broken)
     second = [m for m in messages if m.id in behind and m.id not in hold]
     if second:
-        _merge(result, await publisher.publish(second))
+        result.merge(await publisher.publish(second, deadline=deadline))
     return result
 
 
-def hold_back(rows: Sequence[OutboxRow], settlement: Settlement, *, block_on_dead: bool) -> int:
-    """Keep rows after a key's first unpublished row out of `published`; return how many.
+def hold_back(
+    rows: Sequence[OutboxRow], verdicts: Sequence[Verdict], *, block_on_dead: bool
+) -> tuple[list[Verdict], int]:
+    """Turn published verdicts after a key's first unpublished row into untouched (held).
 
-    A key's run breaks at its first row that was not published (failed, unsent, held, or
+    A key's run breaks at its first row that was not published (retried, untouched, or
     dead-lettered under block). Confirmed rows after the break stay in the table untouched: they
     were delivered early and will be delivered again after the row that broke the run.
+    Returns the new verdicts and how many were held.
     """
-    published = set(settlement.published)
-    dead = {d[0] for d in settlement.dead}
     broken = {
-        row.id
-        for row in rows
+        v.row_id
+        for row, v in zip(rows, verdicts, strict=True)
         if row.ordering_key is not None
-        and row.id not in published
-        and (block_on_dead or row.id not in dead)
+        and v.kind is not Kind.PUBLISHED
+        and (block_on_dead or v.kind is not Kind.DEAD)
     }
-    held = rows_after_breaks(rows, broken) & published
-    if held:
-        settlement.published = [i for i in settlement.published if i not in held]
-    return len(held)
+    held = rows_after_breaks(rows, broken)
+    if not held:
+        return list(verdicts), 0
+    out = [
+        Verdict(v.row_id, Kind.UNTOUCHED, Reason.HELD)
+        if v.kind is Kind.PUBLISHED and v.row_id in held else v
+        for v in verdicts
+    ]
+    return out, sum(1 for v in verdicts if v.kind is Kind.PUBLISHED and v.row_id in held)

@@ -8,24 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
-from relay.errors import DatabaseError, InvalidRow
-from relay.interfaces import (
-    BatchObserver,
-    Message,
-    NoMetrics,
-    OutboxRow,
-    Publisher,
-    PublishResult,
-    Store,
-)
-from relay.loop import ordering
-from relay.loop.retry import RetryPolicy, plan_settlement
-from relay.options import parse_options
+from relay.errors import DatabaseError
+from relay.interfaces import BatchObserver, Kind, NoMetrics, Publisher, Store
+from relay.loop.batch import BatchPlan, run_batch
+from relay.loop.retry import RetryPolicy
 from relay.pg.wakeup import AlwaysNotified, WakeupGate
 from relay.supervise import Backoff, Supervisor
 
@@ -39,54 +29,12 @@ class WorkerConfig:
     batch_size: int = 500
     concurrency: int = 3
     poll_interval_s: float = 5.0
-    mandatory: bool = True
-    max_message_bytes: int = 16 * 1024 * 1024
+    publish_budget_s: float = 15.0  # relay/deadlines.py
     retry: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(max_attempts=10, base_s=1.0, max_s=300.0)
     )
     db_retry_max_s: float = 30.0
     ordering_block_on_dead: bool = False
-
-
-def _null_field(row: OutboxRow) -> str | None:
-    """The reason a row of a classic (nullable) table can never be published, if any."""
-    if row.content is None:
-        return "content: NULL (a message needs a body; insert JSON, e.g. 'null'::jsonb)"
-    if row.exchange is None:
-        return "exchange: NULL (use '' for the default exchange)"
-    return None
-
-
-def build_messages(
-    rows: Sequence[OutboxRow], *, mandatory: bool, max_message_bytes: int
-) -> tuple[list[Message], dict[str, str]]:
-    """Turn rows into messages; rows that can never be published come back with a reason."""
-    messages: list[Message] = []
-    invalid: dict[str, str] = {}
-    for row in rows:
-        fault = _null_field(row)
-        if fault is not None:
-            invalid[row.id] = fault
-            continue
-        assert row.content is not None
-        assert row.exchange is not None
-        body = row.content.encode()
-        if len(body) > max_message_bytes:
-            invalid[row.id] = (
-                f"content: {len(body)} bytes exceeds the maximum message size "
-                f"({max_message_bytes} bytes, RELAY_MAX_MESSAGE_BYTES)"
-            )
-            continue
-        try:
-            props = parse_options(row.options)
-        except InvalidRow as exc:
-            invalid[row.id] = str(exc)
-            continue
-        flag = mandatory if props.mandatory is None else props.mandatory
-        # A NULL routing key (classic tables allow it) means the empty key, as in amqplib.
-        key = row.routing_key or ""
-        messages.append(Message(row.id, row.exchange, key, body, props, flag))
-    return messages, invalid
 
 
 class Worker:
@@ -217,12 +165,19 @@ class Worker:
             if short and not self._wake.is_set():
                 return
         lanes = [asyncio.ensure_future(self._lane()) for _ in range(self.config.concurrency)]
+        # A lane that fails (its database connection dropped) must not cancel the others: their
+        # batches may already be acked by the broker, and rolling them back would send them
+        # again. Every lane runs to its end; the first failure is raised after.
         try:
-            await asyncio.gather(*lanes)
-        finally:
+            outcomes = await asyncio.gather(*lanes, return_exceptions=True)
+        except asyncio.CancelledError:
             for lane in lanes:
                 lane.cancel()
             await asyncio.gather(*lanes, return_exceptions=True)
+            raise
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _lane(self) -> None:
         while not self.stopping:
@@ -253,52 +208,25 @@ class Worker:
             await asyncio.gather(ready, stop, return_exceptions=True)
 
     async def run_batch(self) -> int:
-        """Claim, publish, settle and commit one batch; return the number of rows claimed."""
-        started = time.perf_counter()
+        """Run one batch (relay/loop/batch.py); return the number of rows claimed."""
         cfg = self.config
-        async with self.store.claim(cfg.batch_size) as batch:
-            rows = batch.rows
-            self.claimed_total += len(rows)
-            if not rows:
-                return 0
-            messages, invalid = build_messages(
-                rows, mandatory=cfg.mandatory, max_message_bytes=cfg.max_message_bytes
-            )
-            block = cfg.ordering_block_on_dead
-            messages = ordering.publishable(rows, messages, invalid, block_on_dead=block)
-            publish_started = time.perf_counter()
-            result = (
-                await ordering.publish_in_waves(self.publisher, rows, messages)
-                if messages
-                else PublishResult()
-            )
-            publish_s = time.perf_counter() - publish_started if messages else 0.0
-            confirmed_at = time.time()
-            settlement = plan_settlement(rows, result, invalid, cfg.retry)
-            held = ordering.hold_back(rows, settlement, block_on_dead=block)
-            await batch.settle(settlement)
-        self.published_total += len(settlement.published)
-        self.metrics.observe_batch(
-            rows, result, settlement, publish_s=publish_s,
-            batch_s=time.perf_counter() - started, confirmed_at=confirmed_at,
-        )
-        if result.unsent:
+        plan = BatchPlan(cfg.batch_size, cfg.publish_budget_s, cfg.retry,
+                         cfg.ordering_block_on_dead)
+        report = await run_batch(self.store, self.publisher, plan)
+        rows = report.rows
+        self.claimed_total += len(rows)
+        if not rows:
+            self._last_had_keys = False
+            return 0
+        published = sum(1 for v in report.verdicts if v.kind is Kind.PUBLISHED)
+        self.published_total += published
+        self.metrics.observe_batch(rows, report.verdicts, publish_s=report.publish_s,
+                                   batch_s=report.batch_s, confirmed_at=report.confirmed_at)
+        if report.untouched_outside:
             # Left untouched for a later pass; make sure one happens once the broker is back.
             self._wake.set()
-        log.debug(
-            "batch_settled",
-            claimed=len(rows),
-            published=len(settlement.published),
-            retried=len(settlement.retry),
-            dead=len(settlement.dead),
-            unsent=len(result.unsent),
-            held=held,
-            elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
-        )
-        for row_id, error, delay_s in settlement.retry:
-            log.info("publish_failed", id=row_id, error=error, retry_in_s=round(delay_s, 2))
-        for row_id, reason, _ in settlement.dead:
-            log.warning("dead_lettered", id=row_id, reason=reason)
+        log.debug("batch_settled", claimed=len(rows), published=published, held=report.held,
+                  elapsed_ms=round(report.batch_s * 1000, 1))
         # Read by _lane right after this returns (no await in between, so lanes cannot mix).
         self._last_had_keys = any(r.ordering_key is not None for r in rows)
         return len(rows)

@@ -22,36 +22,13 @@ from prometheus_client.utils import floatToGoString
 
 from relay.config import build_labels
 from relay.errors import RelayError
-from relay.interfaces import OutboxRow, PublishResult, Settlement
+from relay.interfaces import Kind, OutboxRow, Reason, Verdict
 
 log = structlog.get_logger("relay.ops.metrics")
 
 BATCH_SIZE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 AGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-
-# Failure reasons are free text (they name exchanges and keys); the label takes one of these
-# bounded values so a bad producer cannot blow up the series count.
-_REASONS: tuple[tuple[str, str], ...] = (
-    ("unroutable", "unroutable"),
-    ("returned", "unroutable"),
-    ("not found", "exchange_not_found"),
-    ("timeout", "confirm_timeout"),
-    ("nack", "nacked"),
-    ("exceeds the maximum", "too_large"),
-    ("option", "invalid_options"),
-    ("invalid", "invalid_options"),
-)
-
-
-def classify_reason(reason: str) -> str:
-    """Map a free-text failure reason to a bounded label value."""
-    lowered = reason.lower()
-    for needle, label in _REASONS:
-        if needle in lowered:
-            return label
-    return "other"
-
 
 class BulkHistogram:
     """A histogram fed once per batch with many values, exposed through a custom collector.
@@ -107,9 +84,14 @@ class RelayMetrics:
         )
         self.failed = Counter(
             "relay_messages_failed",
-            "Publishes that failed (to be retried or dead-lettered), by reason; broker_lost "
-            "counts messages left untouched because the connection dropped mid-batch.",
+            "Rows not published by their batch (retried, dead-lettered, or left untouched for an "
+            "outside cause such as broker_lost), by reason code.",
             ["reason"], registry=r,
+        )
+        self.verdicts = Counter(
+            "relay_row_verdicts",
+            "Every claimed row's verdict (published, retry, dead, untouched), by reason code.",
+            ["verdict", "reason"], registry=r,
         )
         self.dead_lettered = Counter(
             "relay_messages_dead_lettered", "Rows moved to the dead-letter table, by reason.",
@@ -185,16 +167,15 @@ class RelayMetrics:
     def observe_batch(
         self,
         rows: Sequence[OutboxRow],
-        result: PublishResult,
-        settlement: Settlement,
+        verdicts: Sequence[Verdict],
         *,
         publish_s: float,
         batch_s: float,
         confirmed_at: float,
     ) -> None:
-        """Record one settled batch (called by the worker after its commit); never raises."""
+        """Record one committed batch (called by the worker after its commit); never raises."""
         try:
-            self._observe_batch(rows, result, settlement, publish_s=publish_s, batch_s=batch_s,
+            self._observe_batch(rows, verdicts, publish_s=publish_s, batch_s=batch_s,
                                 confirmed_at=confirmed_at)
         except Exception:  # a metrics bug must never fail a batch that is already committed
             log.exception("metrics_observe_failed")
@@ -202,8 +183,7 @@ class RelayMetrics:
     def _observe_batch(
         self,
         rows: Sequence[OutboxRow],
-        result: PublishResult,
-        settlement: Settlement,
+        verdicts: Sequence[Verdict],
         *,
         publish_s: float,
         batch_s: float,
@@ -217,7 +197,7 @@ class RelayMetrics:
         if publish_s > 0:
             self.publish_seconds.observe(publish_s)
         self.batch_seconds.observe(batch_s)
-        published = set(settlement.published)
+        published = {v.row_id for v in verdicts if v.kind is Kind.PUBLISHED}
         done = [row for row in rows if row.id in published]
         # A published row has an exchange; the type allows NULL for rows of classic tables.
         exchanges: Tally[str] = Tally(row.exchange or "" for row in done)
@@ -226,18 +206,13 @@ class RelayMetrics:
         self.message_age.observe_many(age if age > 0 else 0.0 for age in ages)
         for exchange, n in exchanges.items():
             self.published.labels(exchange).inc(n)
-        failures: Tally[str] = Tally(classify_reason(err) for _, err, _ in settlement.retry)
-        dead: Tally[str] = Tally()
-        for _, reason, _ in settlement.dead:
-            label = classify_reason(reason)
-            failures[label] += 1
-            dead[label] += 1
-        if result.unsent:
-            failures["broker_lost"] += len(result.unsent)
-        for label, n in failures.items():
-            self.failed.labels(label).inc(n)
-        for label, n in dead.items():
-            self.dead_lettered.labels(label).inc(n)
+        fates: Tally[tuple[Kind, str]] = Tally((v.kind, v.code) for v in verdicts)
+        for (kind, code), n in fates.items():
+            self.verdicts.labels(kind.value, code).inc(n)
+            if kind is Kind.DEAD:
+                self.dead_lettered.labels(code).inc(n)
+            if kind is not Kind.PUBLISHED and code != Reason.HELD.value:
+                self.failed.labels(code).inc(n)
 
     def loop_woke(self) -> None:
         """The relay loop woke up (kept for the activity gauge)."""

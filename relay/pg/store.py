@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 
 from relay import dsn
+from relay.deadlines import Deadlines
 from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
 from relay.interfaces import ClaimOptions, OutboxRow, Settlement
 from relay.pg.queries import Queries, TableNames, raw_queries
@@ -62,18 +63,25 @@ def connect_args(settings: Settings, role: str) -> dict[str, Any]:
     args: dict[str, Any] = dsn.parse(settings.pg_dsn).asyncpg_args() if settings.pg_dsn else {}
     from_dsn = args.pop("server_settings", {})
     app_name = f"outbox-relay {role} {socket.gethostname()} {os.getpid()}"[:63]
-    # A relay cut off mid-batch must not hold its rows locked much longer than a batch may take.
-    idle_ms = int((settings.publish_timeout_s + 10) * 1000)
+    # A relay cut off mid-batch must not hold its rows locked much longer than a batch may take;
+    # a batch's publish always ends before this (relay/deadlines.py).
+    deadlines = Deadlines.from_settings(settings)
     args["server_settings"] = {
         **from_dsn,  # options=-c ... from the DSN; the relay names its sessions itself
         "application_name": app_name,
-        "idle_in_transaction_session_timeout": str(idle_ms),
+        "idle_in_transaction_session_timeout": str(deadlines.idle_in_transaction_ms),
         "tcp_keepalives_idle": "10",
         "tcp_keepalives_interval": "5",
         "tcp_keepalives_count": "3",
     }
     args.setdefault("timeout", 10)
-    args["command_timeout"] = max(30.0, settings.publish_timeout_s * 2)
+    if role == "worker":
+        # Claims and settles only: other sessions wait on locks (wake-up, leader) or migrate.
+        args["server_settings"]["statement_timeout"] = str(deadlines.statement_timeout_ms)
+        # The client gives up a little after the server would have cancelled the statement.
+        args["command_timeout"] = deadlines.statement_timeout_s + 5
+    else:
+        args["command_timeout"] = max(30.0, settings.publish_timeout_s * 2)
     return args
 
 
@@ -133,14 +141,24 @@ async def _rollback_quietly(conn: Conn, tx: Any) -> None:
 
 
 class _Claim:
-    """Rows locked by one open transaction."""
+    """Rows locked by one open transaction; commit() ends it, else it rolls back."""
 
-    def __init__(self, conn: Conn, queries: Queries, rows: list[OutboxRow],
+    def __init__(self, conn: Conn, tx: Any, queries: Queries, rows: list[OutboxRow],
                  on_success: OnSuccess) -> None:
         self._conn = conn
+        self._tx = tx
         self._q = queries
         self.rows: Sequence[OutboxRow] = rows
         self._on_success = on_success
+        self.committed = False
+
+    async def commit(self) -> None:
+        """Commit the transaction: every settled fate becomes durable here."""
+        try:
+            await self._tx.commit()
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"commit failed: {exc}") from exc
+        self.committed = True
 
     async def settle(self, settlement: Settlement) -> None:
         """Write every row's fate; the caller's transaction commits it."""
@@ -248,7 +266,7 @@ class Outbox:
 
     @asynccontextmanager
     async def claim(self, limit: int) -> AsyncIterator[_Claim]:
-        """Lock up to `limit` due rows in a transaction that commits when the block exits."""
+        """Lock up to `limit` due rows in a transaction; it rolls back unless committed."""
         try:
             conn = await self._pool.acquire()
         except DB_ERRORS as exc:
@@ -264,16 +282,12 @@ class Outbox:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
                 raise DatabaseError(f"claiming rows failed: {exc}") from exc
-            batch = _Claim(conn, self.q, records, self._on_success)
+            batch = _Claim(conn, tx, self.q, records, self._on_success)
             try:
                 yield batch
-            except BaseException:
-                await _rollback_quietly(conn, tx)
-                raise
-            try:
-                await tx.commit()
-            except DB_ERRORS as exc:
-                raise DatabaseError(f"commit failed: {exc}") from exc
+            finally:
+                if not batch.committed:
+                    await _rollback_quietly(conn, tx)
         finally:
             await self._release(conn)
 

@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,8 +73,8 @@ async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_l
         async with caught_holding_rows([relay], probe) as held:
             proxy.black_hole()
         tally.record(held)
-        await wait_until(lambda: group.events("broker_connection_lost") or not relay.alive(),
-                         timeout_s=bound_s * 2, what="broker_connection_lost")
+        await wait_until(lambda: _broker(group.events("connection_lost")) or not relay.alive(),
+                         timeout_s=bound_s * 2, what="connection_lost (broker)")
         detect_s = time.monotonic() - (proxy.black_holed_at or 0.0)
         if not relay.alive():
             raise RelayDied(f"relay exited {relay.proc and relay.proc.returncode} after "
@@ -82,8 +83,8 @@ async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_l
               f"(bound {bound_s:.1f}s)")
         assert detect_s <= bound_s
         await proxy.restore()
-        await wait_until(lambda: group.events("broker_reconnected"), timeout_s=60,
-                         what="broker_reconnected")
+        await wait_until(lambda: _broker(group.events("connection_restored")), timeout_s=60,
+                         what="connection_restored (broker)")
     await proxy.close()
 
 
@@ -176,3 +177,8 @@ def _pool_events(group: object, event: str) -> list[object]:
     """The worker pool's Supervisor events (the LISTEN session logs its own)."""
     found = group.events(event)  # type: ignore[attr-defined]
     return [e for e in found if e.get("connection") == "database"]
+
+
+def _broker(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The supervisor's log lines about the broker connection (relay/supervise.py)."""
+    return [e for e in events if e.get("connection") == "broker"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,8 +68,8 @@ async def test_network_cut__links_reset_mid_batch_lose_nothing_and_claim_nothing
                 await amqp_proxy.cut()
             tally.record(held)
             try:
-                await wait_until(lambda: group.events("broker_connection_lost"),
-                                 what="broker_connection_lost")
+                await wait_until(lambda: _broker(group.events("connection_lost")),
+                                 what="connection_lost (broker)")
                 # While RabbitMQ is away the relay claims nothing, and rows keep coming.
                 async def holds_nothing() -> bool:
                     h = await probe.held([relay.pid])
@@ -82,8 +83,8 @@ async def test_network_cut__links_reset_mid_batch_lose_nothing_and_claim_nothing
                 assert await count_rows(env.pg_dsn) > before, "rows kept coming meanwhile"
             finally:
                 await amqp_proxy.restore()
-            await wait_until(lambda: group.events("broker_reconnected"), timeout_s=60,
-                             what="broker_reconnected")
+            await wait_until(lambda: _broker(group.events("connection_restored")), timeout_s=60,
+                             what="connection_restored (broker)")
 
             ids = backlog + await producer.stop()
             await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
@@ -95,8 +96,8 @@ async def test_network_cut__links_reset_mid_batch_lose_nothing_and_claim_nothing
             assert relay.alive()
             for event in ("connection_lost", "connection_restored"):
                 assert len(_database_events(group, event)) == 1, event
-            for event in ("broker_connection_lost", "broker_reconnected"):
-                assert len(group.events(event)) == 1, event
+            for event in ("connection_lost", "connection_restored"):
+                assert len(_broker(group.events(event))) == 1, event
             # The proxies run on this event loop: wait for the exit without blocking it.
             assert await stop_relay(relay) == 0
     finally:
@@ -111,3 +112,8 @@ def _database_events(group: object, event: str) -> list[object]:
     """The worker pool's Supervisor events (the LISTEN session logs its own)."""
     found = group.events(event)  # type: ignore[attr-defined]
     return [e for e in found if e.get("connection") == "database"]
+
+
+def _broker(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The supervisor's log lines about the broker connection (relay/supervise.py)."""
+    return [e for e in events if e.get("connection") == "broker"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,12 +59,12 @@ async def test_rabbitmq_restart__mid_batch_loses_nothing_and_duplicates_at_most_
                     await asyncio.to_thread(rabbit_node.stop_app)
                 tally.record(held)
                 await wait_until(
-                    lambda n=n: len(group.events("broker_connection_lost")) == n * REPLICAS,
-                    what=f"{n * REPLICAS} broker_connection_lost")
+                    lambda n=n: len(_broker(group.events("connection_lost"))) == n * REPLICAS,
+                    what=f"{n * REPLICAS} connection_lost (broker)")
                 await asyncio.to_thread(rabbit_node.start_app)
                 await wait_until(
-                    lambda n=n: len(group.events("broker_reconnected")) == n * REPLICAS,
-                    timeout_s=60, what=f"{n * REPLICAS} broker_reconnected")
+                    lambda n=n: len(_broker(group.events("connection_restored"))) == n * REPLICAS,
+                    timeout_s=60, what=f"{n * REPLICAS} connection_restored (broker)")
             ids = backlog + await producer.stop()
             await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
             await assert_drained(env.pg_dsn)
@@ -72,10 +73,15 @@ async def test_rabbitmq_restart__mid_batch_loses_nothing_and_duplicates_at_most_
             assert tally.in_flight == RESTARTS, tally.summary()
             assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
             assert all(p.alive() for p in procs)
-            assert len(group.events("broker_connection_lost")) == RESTARTS * REPLICAS
-            assert len(group.events("broker_reconnected")) == RESTARTS * REPLICAS
+            assert len(_broker(group.events("connection_lost"))) == RESTARTS * REPLICAS
+            assert len(_broker(group.events("connection_restored"))) == RESTARTS * REPLICAS
             assert [p.terminate() for p in procs] == [0] * REPLICAS
     finally:
         producer.kill()
         await probe.close()
         await consumer.stop()
+
+
+def _broker(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The supervisor's log lines about the broker connection (relay/supervise.py)."""
+    return [e for e in events if e.get("connection") == "broker"]

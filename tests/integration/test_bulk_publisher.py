@@ -1,5 +1,6 @@
-"""The bulk publish path against a real RabbitMQ: acks, returns, nacks, missing exchanges and
-connection loss each settle the right rows."""
+"""The publish pipeline against a real RabbitMQ, over both transports (bulk frames and
+per-message): acks, returns, nacks, missing exchanges, forged ids, a silent broker and connection
+loss each settle the right rows."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from relay.amqp.bulk import BulkPublisher
-from relay.interfaces import Message
+from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
+from relay.interfaces import Message, PublishResult, Reason
 from relay.options import Properties
 from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
 
@@ -28,15 +29,16 @@ def _messages(
     ]
 
 
-async def _publisher(url: str) -> BulkPublisher:
-    pub = BulkPublisher(url, publish_timeout_s=15, reconnect_max_s=1)
+async def _publisher(url: str, kind: type[Pipeline] = BulkPublisher,
+                     timeout_s: float = 15) -> Pipeline:
+    pub = kind(url, publish_timeout_s=timeout_s, reconnect_max_s=1)  # type: ignore[call-arg]
     await pub.connect()
     return pub
 
 
-@pytest.fixture
-async def publisher(amqp_url: str) -> AsyncIterator[BulkPublisher]:
-    pub = await _publisher(amqp_url)
+@pytest.fixture(params=[BulkPublisher, AmqpPublisher], ids=["bulk", "per_message"])
+async def publisher(amqp_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Pipeline]:
+    pub = await _publisher(amqp_url, request.param)
     try:
         yield pub
     finally:
@@ -44,7 +46,7 @@ async def publisher(amqp_url: str) -> AsyncIterator[BulkPublisher]:
 
 
 async def test_bulk_publish__acked_batches_in_flight_together_are_confirmed_and_delivered(
-    publisher: BulkPublisher, broker_names: tuple[str, str], amqp_url: str
+    publisher: Pipeline, broker_names: tuple[str, str], amqp_url: str
 ) -> None:
     exchange, queue = broker_names
     batches = [_messages(exchange, "rk", 700) for _ in range(4)]
@@ -62,7 +64,7 @@ async def test_bulk_publish__acked_batches_in_flight_together_are_confirmed_and_
 
 
 async def test_bulk_publish__returned_mandatory_message_fails_only_its_row(
-    publisher: BulkPublisher, broker_names: tuple[str, str]
+    publisher: Pipeline, broker_names: tuple[str, str]
 ) -> None:
     exchange, _ = broker_names
     good = _messages(exchange, "rk", 50)
@@ -73,12 +75,34 @@ async def test_bulk_publish__returned_mandatory_message_fails_only_its_row(
     result = await publisher.publish(batch)
     assert sorted(result.confirmed) == sorted(m.id for m in good)
     assert set(result.failed) == {m.id for m in lost + custom}
-    assert all(r.startswith("unroutable") for r in result.failed.values())
+    assert {f.reason for f in result.failed.values()} == {Reason.UNROUTABLE}
     assert not result.unsent
 
 
+async def test_publish__producer_ids_cannot_forge_another_rows_ack_or_return(
+    publisher: Pipeline, broker_names: tuple[str, str]
+) -> None:
+    exchange, _ = broker_names
+    good = _messages(exchange, "rk", 5)
+    # Unroutable rows whose producer claims a routed row's identity: as its x-outbox-id header
+    # (a return keyed on it would settle the wrong row) and as messageId (aiormq's own key).
+    forged = [
+        Message(str(uuid.uuid4()), exchange, "no-queue-bound", b"{}",
+                Properties(headers={"x-outbox-id": good[0].id}), True),
+        Message(str(uuid.uuid4()), exchange, "no-queue-bound", b"{}",
+                Properties(message_id=good[1].id), True),
+    ]
+    # A routed row whose messageId is its own id.
+    own = Message(str(uuid.uuid4()), exchange, "rk", b"{}", Properties(), True)
+    own = Message(own.id, exchange, "rk", b"{}", Properties(message_id=own.id), True)
+    result = await publisher.publish([*good, *forged, own])
+    assert sorted(result.confirmed) == sorted([m.id for m in good] + [own.id])
+    assert set(result.failed) == {m.id for m in forged}
+    assert {f.reason for f in result.failed.values()} == {Reason.UNROUTABLE}
+
+
 async def test_bulk_publish__nacked_messages_fail_and_the_rest_are_confirmed(
-    publisher: BulkPublisher, broker_names: tuple[str, str], amqp_url: str
+    publisher: Pipeline, broker_names: tuple[str, str], amqp_url: str
 ) -> None:
     exchange, _ = broker_names
     full = f"{exchange}-full"
@@ -94,14 +118,15 @@ async def test_bulk_publish__nacked_messages_fail_and_the_rest_are_confirmed(
         good = _messages(exchange, "rk", 10)
         result = await publisher.publish(accepted + refused + good)
         assert sorted(result.confirmed) == sorted(m.id for m in accepted + good)
-        assert result.failed == {m.id: "nacked by the broker" for m in refused}
+        assert {k: f.reason for k, f in result.failed.items()} == {
+            m.id: Reason.NACKED for m in refused}
         await q.delete(if_unused=False, if_empty=False)
     finally:
         await conn.close()
 
 
 async def test_bulk_publish__exchange_deleted_after_check_fails_only_its_rows(
-    publisher: BulkPublisher, broker_names: tuple[str, str], amqp_url: str
+    publisher: Pipeline, broker_names: tuple[str, str], amqp_url: str
 ) -> None:
     exchange, _ = broker_names
     doomed = f"{exchange}-doomed"
@@ -116,11 +141,23 @@ async def test_bulk_publish__exchange_deleted_after_check_fails_only_its_rows(
         await conn.close()
     good = _messages(exchange, "rk", 300)
     bad = _messages(doomed, "", 5, mandatory=False)
-    # The 404 closes the channel mid-batch; unconfirmed rows are sent again on a new one.
-    result = await publisher.publish(good[:100] + bad + good[100:])
+    # The 404 closes the channel mid-batch; unconfirmed rows are sent again on a new one. With
+    # per-message publishes already queued behind the closed channel, the broker drops the whole
+    # connection (frames on a closed channel): those rows are unsent, and sent again after it.
+    pending, result = good[:100] + bad + good[100:], PublishResult()
+    for _ in range(3):
+        this = await publisher.publish(pending)
+        assert not this.refused
+        assert set(this.unsent.values()) <= {Reason.BROKER_LOST}
+        result.merge(this)
+        pending = [m for m in pending if m.id in this.unsent]
+        if not pending:
+            break
+        await asyncio.wait_for(publisher.wait_ready(), timeout=30)
     assert sorted(result.confirmed) == sorted(m.id for m in good)
-    assert result.failed == {m.id: f"exchange {doomed!r} not found" for m in bad}
-    assert not result.unsent
+    assert {k: f.reason for k, f in result.failed.items()} == {
+        m.id: Reason.EXCHANGE_NOT_FOUND for m in bad}
+    assert not pending
     again = await publisher.publish(_messages(exchange, "rk", 10))
     assert len(again.confirmed) == 10
 
@@ -171,15 +208,19 @@ class _CuttableProxy:
             self._server.close()
 
 
-async def test_bulk_publish__connection_lost_before_confirms_leaves_batch_unsent(
-    amqp_url: str, broker_names: tuple[str, str]
+def _proxied(amqp_url: str, port: int) -> str:
+    parts = urlsplit(amqp_url)
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{port}"))
+
+
+@pytest.mark.parametrize("kind", [BulkPublisher, AmqpPublisher], ids=["bulk", "per_message"])
+async def test_publish__connection_lost_before_confirms_leaves_batch_unsent(
+    amqp_url: str, broker_names: tuple[str, str], kind: type[Pipeline]
 ) -> None:
     exchange, _ = broker_names
     parts = urlsplit(amqp_url)
     proxy = _CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5672)
-    port = await proxy.start()
-    url = urlunsplit(parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{port}"))
-    publisher = await _publisher(url)
+    publisher = await _publisher(_proxied(amqp_url, await proxy.start()), kind)
     try:
         assert len((await publisher.publish(_messages(exchange, "rk", 5))).confirmed) == 5
         proxy.hold_replies = True
@@ -191,9 +232,37 @@ async def test_bulk_publish__connection_lost_before_confirms_leaves_batch_unsent
         result = await asyncio.wait_for(task, timeout=30)
         assert result.confirmed == []
         assert sorted(result.unsent) == sorted(m.id for m in batch)
-        assert result.broker_lost
+        assert set(result.unsent.values()) == {Reason.BROKER_LOST}
         await wait_until(lambda: not publisher.ready, timeout_s=10, what="outage noticed")
         await asyncio.wait_for(publisher.wait_ready(), timeout=30)
+        assert len((await publisher.publish(_messages(exchange, "rk", 5))).confirmed) == 5
+    finally:
+        await publisher.close()
+        await proxy.close()
+
+
+async def test_publish__a_silent_broker_leaves_rows_untouched_and_reconnects(
+    amqp_url: str, broker_names: tuple[str, str]
+) -> None:
+    """A network cut that drops packets looks like a broker that stops answering: no confirm
+    comes back. Not the rows' fault: untouched, no attempt counted, and a new connection."""
+    exchange, _ = broker_names
+    parts = urlsplit(amqp_url)
+    proxy = _CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5672)
+    publisher = await _publisher(_proxied(amqp_url, await proxy.start()), BulkPublisher,
+                                 timeout_s=2)
+    try:
+        assert len((await publisher.publish(_messages(exchange, "rk", 5))).confirmed) == 5
+        opened = publisher.connection.opened
+        proxy.hold_replies = True
+        batch = _messages(exchange, "rk", 50)
+        result = await asyncio.wait_for(publisher.publish(batch), timeout=30)
+        assert not result.failed, "an outage counted attempts against rows"
+        assert sorted(result.unsent) == sorted(m.id for m in batch)
+        assert set(result.unsent.values()) == {Reason.BROKER_LOST}
+        proxy.hold_replies = False
+        await asyncio.wait_for(publisher.wait_ready(), timeout=30)
+        assert publisher.connection.opened == opened + 1
         assert len((await publisher.publish(_messages(exchange, "rk", 5))).confirmed) == 5
     finally:
         await publisher.close()

@@ -228,7 +228,7 @@ async def test_options__amqplib_and_snake_case_names_arrive_as_amqp_properties(
     c, s, p = by_id[camel_id], by_id[snake_id], by_id[plain_id]
     assert (c.content_type, c.content_encoding, c.delivery_mode.value) == (
         "application/vnd.test+json", "identity", 1)
-    assert c.headers == {"tenant": "t1", "n": 7}
+    assert c.headers == {"tenant": "t1", "n": 7, "x-outbox-id": camel_id}
     assert (c.priority, c.correlation_id, c.reply_to, c.expiration) == (5, "corr-1", "replies", 60)
     assert c.timestamp is not None
     assert int(c.timestamp.timestamp()) == 1_700_000_000

@@ -73,7 +73,7 @@ async def test_dead_commands__list_show_replay_keep_the_id_and_purge(
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert sorted(r["id"] for r in rows) == sorted(bad)
-    assert all(r["reason"].startswith("options.priority:") for r in rows)
+    assert all(r["reason"].startswith("invalid_option: options.priority:") for r in rows)
     table = _relay_cli(env, "dead", "list")
     assert "options.priority" in table.stdout
 

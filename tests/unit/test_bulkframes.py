@@ -9,8 +9,8 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from relay.amqp.encoder import amqp_properties
 from relay.amqp.frames import ACKED, NACKED, PENDING, ConfirmTracker, FrameEncoder
-from relay.amqp.publisher import amqp_properties
 from relay.interfaces import Message
 from relay.options import Properties
 
@@ -35,14 +35,26 @@ def test_encode__matches_pamqp_for_every_property_shape() -> None:
                       correlation_id="c", expiration="1000", type="t", app_id="app",
                       timestamp=datetime(2024, 1, 2, tzinfo=UTC), delivery_mode=1)
     override = Properties(message_id="producer-id")
+    own_id = Properties(message_id="0b0c5a8e-0000-4000-8000-000000000005")
+    forged = Properties(headers={"x-outbox-id": "0b0c5a8e-0000-4000-8000-000000000001",
+                                 "z": "0b0c5a8e-0000-4000-8000-000000000006"},
+                        message_id="0b0c5a8e-0000-4000-8000-000000000001")
     messages = [
         Message("0b0c5a8e-0000-4000-8000-000000000001", "x", "rk", b'{"n":1}', shared, True),
         Message("0b0c5a8e-0000-4000-8000-000000000002", "x", "rk", b'{"n":2}', shared, True),
         Message("0b0c5a8e-0000-4000-8000-000000000003", "", "q", b"[]", rich, False),
         Message("0b0c5a8e-0000-4000-8000-000000000004", "y", "k2", b"1" * 300, override, True),
+        # The producer's messageId is the row's own id (this once made a malformed frame).
+        Message("0b0c5a8e-0000-4000-8000-000000000005", "x", "rk", b"{}", own_id, True),
+        # A producer's value of the relay's header, and another row's id as messageId.
+        Message("0b0c5a8e-0000-4000-8000-000000000006", "x", "rk", b"{}", forged, True),
+        Message("short-id", "x", "rk", b"{}", shared, True),
+        Message("ünicode-id", "x", "rk", b"{}", shared, True),
     ]
     encoder = FrameEncoder(7, 128, amqp_properties)
     expected = b"".join(_reference(m, 7, 128) for m in messages)
+    for m in messages:  # every message carries its own row id in the relay's header
+        assert amqp_properties(m).headers["x-outbox-id"] == m.id
     assert encoder.encode(messages) == expected
     assert encoder.encode(messages) == expected  # from the caches this time
 

@@ -8,9 +8,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.interfaces import OutboxRow, PublishResult, Settlement
+from relay.interfaces import Kind, OutboxRow, Reason, Verdict
 from relay.ops.http import Health, HttpServer, probe_body
-from relay.ops.metrics import BacklogPoller, BacklogSnapshot, RelayMetrics, classify_reason
+from relay.ops.metrics import BacklogPoller, BacklogSnapshot, RelayMetrics
 
 
 def row(i: int, exchange: str = "orders", created_at_s: float | None = 100.0) -> OutboxRow:
@@ -25,40 +25,25 @@ def sample(metrics: RelayMetrics, name: str, **labels: str) -> float | None:
     return None
 
 
-@pytest.mark.parametrize(
-    ("reason", "label"),
-    [
-        ("unroutable: returned by the broker (no queue bound for exchange 'x', key 'k')",
-         "unroutable"),
-        ("exchange 'x' not found", "exchange_not_found"),
-        ("confirm timeout after 15s", "confirm_timeout"),
-        ("nacked by the broker", "nacked"),
-        ("content: 20000000 bytes exceeds the maximum message size (16777216 bytes)",
-         "too_large"),
-        ("options: unknown property 'colour'", "invalid_options"),
-        ("something new", "other"),
-    ],
-)
-def test_classify_reason__maps_free_text_to_a_bounded_label(reason: str, label: str) -> None:
-    assert classify_reason(reason) == label
-
-
-def test_observe_batch__counts_by_exchange_reason_and_records_age_at_confirm() -> None:
+def test_observe_batch__counts_by_exchange_reason_code_and_records_age_at_confirm() -> None:
     m = RelayMetrics()
     rows = [row(1), row(2), row(3, "billing"), row(4), row(5), row(6)]
-    result = PublishResult(confirmed=["id1", "id2", "id3"], unsent=["id6"])
-    settlement = Settlement(
-        published=["id1", "id2", "id3"],
-        retry=[("id4", "confirm timeout after 15s", 1.0)],
-        dead=[("id5", "exchange 'nope' not found", True)],
-    )
-    m.observe_batch(rows, result, settlement, publish_s=0.02, batch_s=0.03, confirmed_at=102.5)
+    verdicts = [
+        Verdict("id1", Kind.PUBLISHED), Verdict("id2", Kind.PUBLISHED),
+        Verdict("id3", Kind.PUBLISHED),
+        Verdict("id4", Kind.RETRY, Reason.CONFIRM_TIMEOUT, "no confirm", 1.0, counted=True),
+        Verdict("id5", Kind.DEAD, Reason.EXCHANGE_NOT_FOUND, "exchange 'nope' not found"),
+        Verdict("id6", Kind.UNTOUCHED, Reason.BROKER_LOST),
+    ]
+    m.observe_batch(rows, verdicts, publish_s=0.02, batch_s=0.03, confirmed_at=102.5)
     assert sample(m, "relay_messages_published_total", exchange="orders") == 2
     assert sample(m, "relay_messages_published_total", exchange="billing") == 1
     assert sample(m, "relay_messages_failed_total", reason="confirm_timeout") == 1
     assert sample(m, "relay_messages_failed_total", reason="exchange_not_found") == 1
     assert sample(m, "relay_messages_failed_total", reason="broker_lost") == 1
     assert sample(m, "relay_messages_dead_lettered_total", reason="exchange_not_found") == 1
+    assert sample(m, "relay_row_verdicts_total", verdict="published", reason="published") == 3
+    assert sample(m, "relay_row_verdicts_total", verdict="untouched", reason="broker_lost") == 1
     assert sample(m, "relay_batch_size_rows_sum") == 6
     assert sample(m, "relay_message_age_at_confirm_seconds_count") == 3
     assert sample(m, "relay_message_age_at_confirm_seconds_sum") == pytest.approx(7.5)

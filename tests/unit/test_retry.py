@@ -1,18 +1,19 @@
-"""Settlement planning and backoff, without servers."""
+"""Verdicts and backoff, without servers."""
 
 from __future__ import annotations
 
 import random
 
-from relay.interfaces import OutboxRow, PublishResult
-from relay.loop.retry import RetryPolicy, plan_settlement
-from relay.loop.worker import build_messages
+from relay.interfaces import Fault, Kind, OutboxRow, PublishResult, Reason
+from relay.loop.retry import RetryPolicy
+from relay.loop.verdicts import decide, to_settlement
 
 POLICY = RetryPolicy(max_attempts=3, base_s=1.0, max_s=10.0)
+NACKED = Fault(Reason.NACKED, "nacked by the broker")
 
 
-def row(i: str, attempts: int = 0, options: str | None = None, content: str = "{}") -> OutboxRow:
-    return OutboxRow(i, "x", "rk", content, options, attempts)
+def row(i: str, attempts: int = 0) -> OutboxRow:
+    return OutboxRow(i, "x", "rk", "{}", None, attempts)
 
 
 def test_delay__doubles_per_attempt_with_jitter_and_is_capped() -> None:
@@ -23,27 +24,35 @@ def test_delay__doubles_per_attempt_with_jitter_and_is_capped() -> None:
             assert ceiling / 2 <= d <= ceiling
 
 
-def test_plan__confirmed_rows_are_published_and_failures_retried_then_dead() -> None:
-    rows = [row("a"), row("b"), row("c", attempts=2), row("d")]
-    result = PublishResult(confirmed=["a"], failed={"b": "nacked", "c": "nacked"}, unsent=["d"])
-    plan = plan_settlement(rows, result, {}, POLICY)
-    assert plan.published == ["a"]
-    assert [(i, e) for i, e, _ in plan.retry] == [("b", "nacked")]
-    assert plan.dead == [("c", "gave up after 3 attempts: nacked", True)]
-    # d's fate is unknown (connection lost): left untouched, no attempt counted
-    assert all("d" not in (x[0] for x in part) for part in (plan.retry, plan.dead))
+def test_decide__every_row_gets_exactly_one_verdict() -> None:
+    rows = [row("a"), row("b"), row("c", attempts=2), row("d"), row("e"), row("f")]
+    result = PublishResult(confirmed=["a"], failed={"b": NACKED, "c": NACKED},
+                           unsent={"d": Reason.BROKER_LOST},
+                           refused={"e": Fault(Reason.FORBIDDEN, "options.userId")})
+    verdicts = decide(rows, {}, result, POLICY)
+    assert [v.row_id for v in verdicts] == ["a", "b", "c", "d", "e", "f"]
+    fates = {v.row_id: (v.kind, v.reason, v.counted) for v in verdicts}
+    assert fates == {
+        "a": (Kind.PUBLISHED, None, False),
+        "b": (Kind.RETRY, Reason.NACKED, True),
+        "c": (Kind.DEAD, Reason.NACKED, True),  # third attempt: gave up
+        "d": (Kind.UNTOUCHED, Reason.BROKER_LOST, False),  # not the row's fault: no attempt
+        "e": (Kind.DEAD, Reason.FORBIDDEN, False),
+        "f": (Kind.UNTOUCHED, Reason.HELD, False),  # never sent (ordering held it back)
+    }
 
 
-def test_plan__invalid_rows_go_straight_to_dead_letters_uncounted() -> None:
-    plan = plan_settlement([row("a")], PublishResult(), {"a": "options.x: unknown option"}, POLICY)
-    assert plan.dead == [("a", "options.x: unknown option", False)]
+def test_decide__a_row_refused_at_build_is_dead_at_once_uncounted_with_its_code() -> None:
+    fault = Fault(Reason.INVALID_OPTION, "options.x: unknown option")
+    verdicts = decide([row("a")], {"a": fault}, PublishResult(), POLICY)
+    settlement = to_settlement(verdicts)
+    assert settlement.dead == [("a", "invalid_option: options.x: unknown option", False)]
 
 
-def test_build_messages__rejects_bad_options_and_oversize_bodies_keeps_the_rest() -> None:
-    rows = [row("ok"), row("bad", options='{"nope": 1}'), row("big", content='"' + "x" * 100 + '"')]
-    messages, invalid = build_messages(rows, mandatory=True, max_message_bytes=50)
-    assert [m.id for m in messages] == ["ok"]
-    assert messages[0].body == b"{}"
-    assert messages[0].mandatory
-    assert "options.nope" in invalid["bad"]
-    assert "exceeds the maximum message size" in invalid["big"]
+def test_to_settlement__retries_carry_code_and_text_and_gave_up_names_the_attempts() -> None:
+    verdicts = decide([row("b"), row("c", attempts=2)], {},
+                      PublishResult(failed={"b": NACKED, "c": NACKED}), POLICY)
+    settlement = to_settlement(verdicts)
+    assert [(i, e) for i, e, _ in settlement.retry] == [("b", "nacked: nacked by the broker")]
+    assert settlement.dead == [("c", "gave up after 3 attempts: nacked: nacked by the broker",
+                                True)]

@@ -1,71 +1,16 @@
-"""The worker loop driven with fakes: draining, stopping, broker loss. No servers."""
+"""The worker loop driven with the shared kit: draining, stopping, broker loss, lanes."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
-from relay.interfaces import Message, OutboxRow, PublishResult, Settlement
+import pytest
+
+from relay.errors import DatabaseError
+from relay.interfaces import OutboxRow
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-
-
-@dataclass
-class FakeBatch:
-    rows: Sequence[OutboxRow]
-    store: FakeStore
-
-    async def settle(self, settlement: Settlement) -> None:
-        self.store.settlements.append(settlement)
-        gone = set(settlement.published) | {d[0] for d in settlement.dead}
-        self.store.rows = [r for r in self.store.rows if r.id not in gone]
-
-
-@dataclass
-class FakeStore:
-    rows: list[OutboxRow] = field(default_factory=list)
-    settlements: list[Settlement] = field(default_factory=list)
-    locked: set[str] = field(default_factory=set)
-    claims: int = 0
-
-    @asynccontextmanager
-    async def claim(self, limit: int) -> AsyncIterator[FakeBatch]:
-        self.claims += 1
-        free = [r for r in self.rows if r.id not in self.locked][:limit]
-        self.locked |= {r.id for r in free}
-        try:
-            yield FakeBatch(free, self)
-        finally:
-            self.locked -= {r.id for r in free}
-
-    async def seconds_until_next_due(self) -> float | None:
-        return None
-
-
-@dataclass
-class FakePublisher:
-    ready: bool = True
-    lose_broker_once: bool = False
-    published: list[str] = field(default_factory=list)
-
-    async def wait_ready(self) -> None:
-        self.ready = True
-
-    async def publish(self, messages: Sequence[Message]) -> PublishResult:
-        await asyncio.sleep(0)
-        if self.lose_broker_once:
-            self.lose_broker_once = False
-            self.ready = False
-            return PublishResult(unsent=[m.id for m in messages], broker_lost=True)
-        self.published.extend(m.id for m in messages)
-        return PublishResult(confirmed=[m.id for m in messages])
-
-
-def rows(n: int) -> list[OutboxRow]:
-    return [OutboxRow(f"id-{i}", "x", "rk", "{}", None, 0) for i in range(n)]
-
+from tests.unit.kit import FakePublisher, FakeStore, rows
 
 CONFIG = WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30)
 
@@ -92,13 +37,10 @@ async def test_run__a_wake_up_drains_rows_that_arrived_while_asleep() -> None:
     store, pub = FakeStore(), FakePublisher()
     worker = Worker(store, pub, CONFIG)
     task = asyncio.ensure_future(worker.run())
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: store.claims > 0, timeout_s=5, what="the start-up sweep")
     store.rows = rows(3)
     worker.wake()
-    for _ in range(200):
-        if not store.rows:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: not store.rows, timeout_s=5, what="an empty store")
     worker.stop()
     await asyncio.wait_for(task, timeout=5)
     assert len(pub.published) == 3
@@ -108,12 +50,73 @@ async def test_broker_loss__unsent_rows_stay_and_are_published_after_reconnect()
     store, pub = FakeStore(rows(4)), FakePublisher(lose_broker_once=True)
     worker = Worker(store, pub, CONFIG)
     task = asyncio.ensure_future(worker.run())
-    for _ in range(300):
-        if not store.rows:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: not store.rows, timeout_s=5, what="an empty store")
     worker.stop()
     await asyncio.wait_for(task, timeout=5)
     assert sorted(pub.published) == sorted(r.id for r in rows(4))
     # the lost batch was settled with nothing: no attempts counted, nothing dead
     assert all(not s.retry and not s.dead for s in store.settlements)
+
+
+async def test_drain__a_failing_lane_does_not_cancel_another_lanes_batch_in_flight() -> None:
+    release = asyncio.Event()
+    store, pub = FakeStore(rows(20)), FakePublisher()
+    worker = Worker(store, pub, WorkerConfig(batch_size=10, concurrency=2, poll_interval_s=30))
+    real_publish, real_claim = pub.publish, store.claim
+
+    async def publish(messages, *, deadline=None):  # type: ignore[no-untyped-def]
+        if len(pub.calls) == 1:  # the first lane's batch waits for its confirms
+            await release.wait()
+        return await real_publish(messages, deadline=deadline)
+
+    def claim(limit: int):  # type: ignore[no-untyped-def]
+        if store.claims == 2:  # the second lane's claim: its database connection is gone
+            store.claims += 1
+            raise DatabaseError("connection lost")
+        return real_claim(limit)
+
+    pub.publish = publish  # type: ignore[method-assign]
+    store.claim = claim  # type: ignore[method-assign]
+    # The sweep claims one batch alone (published at once); then lane 1 claims the next batch
+    # and waits for its confirms while lane 2 fails.
+    drain = asyncio.ensure_future(worker.drain())
+    await wait_until(lambda: store.claims >= 3, timeout_s=5, what="the failing claim")
+    await asyncio.sleep(0.05)
+    assert not drain.done(), "the failure ended the drain while a batch was in flight"
+    release.set()
+    with pytest.raises(DatabaseError):
+        await asyncio.wait_for(drain, timeout=5)
+    # The batch in flight was not cancelled: it was published and committed.
+    assert sorted(store.deleted) == sorted(r.id for r in rows(20))
+
+
+async def test_run_batch__a_bug_in_one_rows_build_dead_letters_that_row_only() -> None:
+    store, pub = FakeStore(rows(5)), FakePublisher()
+    real_build = pub.build
+
+    def build(row: OutboxRow):  # type: ignore[no-untyped-def]
+        if row.id == "id-2":
+            raise KeyError("a bug")
+        return real_build(row)
+
+    pub.build = build  # type: ignore[method-assign]
+    await Worker(store, pub, CONFIG).drain()
+    assert sorted(store.deleted) == ["id-0", "id-1", "id-3", "id-4"]
+    assert [d[0] for d in store.dead] == ["id-2"]
+    assert store.dead[0][1].startswith("internal: building the message failed: KeyError")
+
+
+async def test_run_batch__a_publish_crash_is_pinned_on_the_row_that_causes_it() -> None:
+    store, pub = FakeStore(rows(4)), FakePublisher()
+    real_publish = pub.publish
+
+    async def publish(messages, *, deadline=None):  # type: ignore[no-untyped-def]
+        if any(m.id == "id-1" for m in messages):
+            raise RuntimeError("a bug")
+        return await real_publish(messages, deadline=deadline)
+
+    pub.publish = publish  # type: ignore[method-assign]
+    await Worker(store, pub, CONFIG).drain()
+    assert sorted(store.deleted) == ["id-0", "id-2", "id-3"]
+    assert [d[0] for d in store.dead] == ["id-1"]
+    assert store.dead[0][1].startswith("internal: publishing failed")

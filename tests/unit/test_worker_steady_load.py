@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from relay.interfaces import Message, PublishResult
+from relay.interfaces import Message, OutboxRow, PublishResult
 from relay.loop.worker import Worker, WorkerConfig
-from tests.unit.test_worker import FakeStore, rows
+from tests.unit.kit import FakePublisher, FakeStore, rows
 
 
 class SlowFirstPublisher:
@@ -24,7 +24,12 @@ class SlowFirstPublisher:
     async def wait_ready(self) -> None:
         return None
 
-    async def publish(self, messages: Sequence[Message]) -> PublishResult:
+    def build(self, row: OutboxRow) -> object:
+        return FakePublisher().build(row)
+
+    async def publish(
+        self, messages: Sequence[Message], *, deadline: float | None = None
+    ) -> PublishResult:
         self.batches.append([m.id for m in messages])
         if len(self.batches) == 1:
             self.in_flight.set()

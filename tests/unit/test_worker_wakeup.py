@@ -4,52 +4,13 @@ and the sleep caps the gate sets."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from relay.interfaces import Message, OutboxRow, PublishResult, Settlement
+from relay.interfaces import OutboxRow
 from relay.loop.worker import Worker, WorkerConfig
 from relay.pg.wakeup import SleepPlan, keep_sweeping
 from tests.helpers import wait_until
-
-
-@dataclass
-class FakeBatch:
-    rows: Sequence[OutboxRow]
-
-    async def settle(self, settlement: Settlement) -> None:
-        pass
-
-
-@dataclass
-class FakeStore:
-    """Rows committed by producers; claim() takes them all."""
-
-    rows: list[OutboxRow] = field(default_factory=list)
-    claims: int = 0
-
-    @asynccontextmanager
-    async def claim(self, limit: int) -> AsyncIterator[FakeBatch]:
-        self.claims += 1
-        taken, self.rows = self.rows[:limit], self.rows[limit:]
-        yield FakeBatch(taken)
-
-    async def seconds_until_next_due(self) -> float | None:
-        return None
-
-
-@dataclass
-class FakePublisher:
-    published: list[str] = field(default_factory=list)
-    ready: bool = True
-
-    async def wait_ready(self) -> None:
-        pass
-
-    async def publish(self, messages: Sequence[Message]) -> PublishResult:
-        self.published += [m.id for m in messages]
-        return PublishResult(confirmed=[m.id for m in messages])
+from tests.unit.kit import FakePublisher, FakeStore
 
 
 def row(n: int) -> OutboxRow:

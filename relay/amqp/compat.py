@@ -1,0 +1,151 @@
+"""Every use of aiormq and aio-pika internals, in one place, checked when a connection opens.
+
+The relay leans on four things the libraries do not document: aiormq's connection.blocked event
+(read, never set), a channel's frame reader hooks for basic.ack/nack and basic.return (replaced on
+the relay's own confirm channels), the channel's frame queue (to read a returned message's header
+and body) and the connection's write queue (to write a batch of pre-encoded frames). `verify`
+runs at every connect and fails with the library versions and what is missing, instead of a
+publish that silently settles nothing. pyproject.toml pins both libraries to tested ranges;
+tests/integration/test_compat.py fails if a replaced hook stops being called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import aiormq
+from aiormq.abc import ChannelFrame
+from pamqp import commands as spec
+
+from relay.errors import BrokerError
+
+ConfirmHook = Callable[[spec.Basic.Ack | spec.Basic.Nack], None]
+ReturnHook = Callable[[spec.Basic.Return, spec.Basic.Properties], None]
+
+_UNBLOCKED = "_Connection__connection_unblocked"
+_CHANNEL_NEEDS = ("_on_confirm_frame", "_on_return_frame", "_get_frame", "write_queue",
+                  "number", "closing", "is_closed", "connection")
+
+
+@dataclass(slots=True)
+class HookCalls:
+    """How often the replaced hooks ran (read by the contract test and by nobody else)."""
+
+    confirms: int = 0
+    returns: int = 0
+
+
+HOOK_CALLS = HookCalls()
+
+
+def versions() -> str:
+    """The installed library versions, for error messages."""
+    return ", ".join(f"{name} {version(name)}" for name in ("aio-pika", "aiormq", "pamqp"))
+
+
+def underlay(connection: Any) -> Any:
+    """The aiormq connection under an aio-pika connection, or None once it is gone."""
+    return getattr(getattr(connection, "transport", None), "connection", None)
+
+
+def verify(connection: Any, raw_channel: Any) -> None:
+    """Raise BrokerError (not retried: upgrade or pin the libraries) when an internal is gone."""
+    missing = [f"aiormq.Channel.{name}" for name in _CHANNEL_NEEDS
+               if not hasattr(raw_channel, name)]
+    conn = underlay(connection)
+    if conn is None:
+        missing.append("aio_pika.Connection.transport.connection")
+    else:
+        if not isinstance(getattr(conn, _UNBLOCKED, None), asyncio.Event):
+            missing.append("aiormq.Connection.__connection_unblocked")
+        if not isinstance(getattr(conn, "write_queue", None), asyncio.Queue):
+            missing.append("aiormq.Connection.write_queue")
+        if getattr(getattr(conn, "connection_tune", None), "frame_max", None) is None:
+            missing.append("aiormq.Connection.connection_tune.frame_max")
+    if missing:
+        raise BrokerError(f"the installed broker libraries ({versions()}) lack what the relay "
+                          f"uses: {', '.join(missing)}; install the versions in constraints.txt")
+
+
+def unblocked_event(connection: Any) -> asyncio.Event | None:
+    """aiormq's private connection.blocked state: set while the broker accepts publishes."""
+    event = getattr(underlay(connection), _UNBLOCKED, None)
+    return event if isinstance(event, asyncio.Event) else None
+
+
+def underlay_closed(connection: Any) -> bool:
+    """aio-pika >= 10 marks `is_closed` only on an explicit close(): ask aiormq too."""
+    conn = underlay(connection)
+    return conn is None or bool(getattr(conn, "is_closed", True))
+
+
+def frame_max(raw_channel: Any) -> int:
+    """The frame size negotiated for the channel's connection."""
+    return int(raw_channel.connection.connection_tune.frame_max or 131072)
+
+
+def hook_confirms(raw_channel: Any, on_confirm: ConfirmHook) -> None:
+    """Route the channel's basic.ack/nack frames to `on_confirm` (no per-message future)."""
+
+    async def confirm_frame(frame: spec.Basic.Ack | spec.Basic.Nack) -> None:
+        HOOK_CALLS.confirms += 1
+        on_confirm(frame)
+
+    raw_channel._on_confirm_frame = confirm_frame
+
+
+def hook_returns(raw_channel: Any, on_return: ReturnHook) -> None:
+    """Route basic.return to `on_return` with the returned message's properties.
+
+    aiormq would tie a return to a publish by message_id, which a producer chooses; the relay
+    ties it by its own header instead. The channel's reader calls this before it reads the
+    ack of the same message, so the return is always known when the ack settles the row.
+    """
+
+    async def return_frame(frame: spec.Basic.Return) -> None:
+        HOOK_CALLS.returns += 1
+        header = await raw_channel._get_frame()
+        remaining = header.body_size
+        while remaining > 0:
+            remaining -= len((await raw_channel._get_frame()).value)
+        on_return(frame, header.properties)
+
+    raw_channel._on_return_frame = return_frame
+
+
+def on_close(raw_channel: Any, callback: Callable[[BaseException | None], None]) -> None:
+    """Call `callback(exception or None)` once the channel closes."""
+
+    def closed(future: asyncio.Future[Any]) -> None:
+        callback(None if future.cancelled() else future.exception())
+
+    raw_channel.closing.add_done_callback(closed)
+
+
+async def write(raw_channel: Any, payload: bytes, timeout_s: float) -> asyncio.Future[None]:
+    """Queue pre-encoded frames on the connection's writer; return the drain future.
+
+    Raises TimeoutError when the writer does not take them within `timeout_s` (the queue is
+    bounded and the writer stops while the broker blocks publishers).
+    """
+    drain: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    put: Awaitable[None] = raw_channel.write_queue.put(ChannelFrame(payload, False, drain))
+    try:
+        await asyncio.wait_for(put, timeout=max(timeout_s, 0.0))
+    except BaseException:
+        drain.cancel()
+        raise
+    return drain
+
+
+BROKER_LOST = (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)
+CHANNEL_GONE = (aiormq.exceptions.ChannelClosed, aiormq.exceptions.ChannelInvalidStateError)
+AUTH_FAILED = (aiormq.exceptions.ProbableAuthenticationError,
+               aiormq.exceptions.AuthenticationError)
+NOT_FOUND = aiormq.exceptions.ChannelNotFoundEntity
+CHANNEL_CLOSED = aiormq.exceptions.ChannelClosed
+DELIVERY_ERROR = aiormq.exceptions.DeliveryError

@@ -1,0 +1,270 @@
+"""The one publish pipeline: passes of exchange check, send, settle, over either transport.
+
+A batch's publish is a few passes, all ending by the batch's deadline:
+
+1. check the exchanges the pending messages name (passively, cached): rows naming a missing
+   one fail (`exchange_not_found`);
+2. send the rest through the transport (per-message or bulk frames) and settle each message
+   from what the broker said: acked and not returned -> confirmed; returned -> `unroutable`;
+   nacked -> `nacked`; no confirm while others were confirmed -> `confirm_timeout`;
+3. when the broker closed the channel under the pass, everything unconfirmed on it is sent
+   again on a new channel one message at a time, so that the row that closes it alone fails
+   (`channel_closed_by_row`) and the others are delivered.
+
+Messages whose fate stays unknown are `unsent` with an outside cause (broker_lost, blocked,
+deadline, shutdown): their rows are left untouched. A pass where the broker confirmed nothing
+before the deadline is a silent broker, not a fault of those rows: the connection is dropped
+(the supervisor reconnects) and the rows are untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+
+import structlog
+
+from relay.amqp import compat
+from relay.amqp.connection import BrokerConnection
+from relay.amqp.encoder import Encoder
+from relay.amqp.frames import ACKED, NACKED
+from relay.amqp.transports import TIMEOUT, Bulk, PerMessage, Sent, Transport
+from relay.interfaces import Fault, Message, OutboxRow, PublishResult, Reason
+from relay.supervise import Supervisor
+
+log = structlog.get_logger("relay.amqp.pipeline")
+
+PASSES = 3
+
+
+class Pipeline:
+    """The relay's Publisher (relay/interfaces.py): one connection, one transport."""
+
+    def __init__(
+        self,
+        connection: BrokerConnection,
+        transport: Transport,
+        *,
+        publish_timeout_s: float,
+        encoder: Encoder | None = None,
+    ) -> None:
+        self.connection = connection
+        self.transport = transport
+        self.publish_timeout_s = publish_timeout_s
+        self.encoder = encoder or Encoder()
+        self.encoder.broker_user = connection.user
+        self._reopen_lock = asyncio.Lock()
+        connection.on_open(self._opened)
+
+    async def _opened(self, raw: object) -> None:
+        await self.transport.open(raw)
+
+    # ------------------------------------------------------------------ state, for the worker
+
+    @property
+    def supervisor(self) -> Supervisor:
+        """The broker connection's supervisor (state for /healthz)."""
+        return self.connection.supervisor
+
+    @property
+    def connected(self) -> bool:
+        """The broker connection is open."""
+        return self.connection.connected
+
+    @property
+    def blocked(self) -> bool:
+        """The broker blocks publishers (connection.blocked)."""
+        return self.connection.blocked
+
+    @property
+    def ready(self) -> bool:
+        """Connected and not blocked."""
+        return self.connection.ready
+
+    async def connect(self) -> None:
+        """Connect (supervised: waits for the broker as the supervisor allows)."""
+        await self.connection.connect()
+
+    async def wait_ready(self) -> None:
+        """Return once connected and unblocked (reconnecting as needed)."""
+        await self.connection.wait_ready()
+
+    async def close(self) -> None:
+        """Close the connection; safe to call twice."""
+        await self.connection.close()
+
+    def build(self, row: OutboxRow) -> Message | Fault:
+        """The row's wire form, or why the broker would refuse it (relay/amqp/encoder.py)."""
+        return self.encoder.build(row)
+
+    # ------------------------------------------------------------------ the pass loop
+
+    async def publish(
+        self, messages: Sequence[Message], *, deadline: float | None = None
+    ) -> PublishResult:
+        """Publish with confirms; every message ends in exactly one field of the result."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.publish_timeout_s if deadline is None else deadline
+        result = PublishResult()
+        pending: list[Message] = []
+        for m in messages:  # messages built elsewhere (tests, benchmarks) are checked here too
+            fault = self.encoder.check(m)
+            if fault is None:
+                pending.append(m)
+            else:
+                result.refused[m.id] = fault
+        isolate = False
+        for _ in range(PASSES):
+            if not pending or self._outside_cause(deadline) is not None:
+                break
+            pending = await self._checked(pending, result, deadline)
+            if not pending or not await self._channel_ready():
+                break
+            pending, closed = await (self._isolated if isolate else self._pass)(
+                pending, result, deadline
+            )
+            if closed:
+                # Everything unconfirmed on the closed channel counts as not published.
+                self.connection.exchanges.forget()
+                isolate = True
+        cause = self._outside_cause(deadline) or Reason.BROKER_LOST
+        for m in pending:
+            result.unsent[m.id] = cause
+        _log_faults(result)
+        return result
+
+    def _outside_cause(self, deadline: float) -> Reason | None:
+        if self.connection.supervisor.stopping.is_set():
+            return Reason.SHUTDOWN
+        if not self.connection.connected:
+            return Reason.BROKER_LOST
+        if self.connection.blocked:
+            return Reason.BLOCKED
+        if asyncio.get_running_loop().time() >= deadline:
+            return Reason.DEADLINE
+        return None
+
+    async def _checked(self, pending: list[Message], result: PublishResult,
+                       deadline: float) -> list[Message]:
+        """Fail the messages whose exchange does not exist; return the others."""
+        left = deadline - asyncio.get_running_loop().time()
+        try:
+            missing = await asyncio.wait_for(
+                self.connection.missing_exchanges({m.exchange for m in pending}), timeout=left
+            )
+        except (TimeoutError, *compat.BROKER_LOST, *compat.CHANNEL_GONE):
+            return pending  # the connection is going down: the loop finds out and stops
+        sendable = []
+        for m in pending:
+            if m.exchange in missing:
+                result.failed[m.id] = Fault(Reason.EXCHANGE_NOT_FOUND,
+                                            f"exchange {m.exchange!r} not found")
+            else:
+                sendable.append(m)
+        return sendable
+
+    async def _channel_ready(self) -> bool:
+        """The transport's channel is open, reopened when a close took it away."""
+        async with self._reopen_lock:
+            if self.transport.usable:
+                return True
+            if not self.connection.connected:
+                return False
+            try:
+                await self.transport.open(self.connection.raw)
+            except (TimeoutError, RuntimeError, *compat.BROKER_LOST, *compat.CHANNEL_GONE):
+                # aio-pika raises RuntimeError for a channel on a connection that just closed.
+                return False
+            return True
+
+    async def _pass(self, messages: list[Message], result: PublishResult,
+                    deadline: float) -> tuple[list[Message], bool]:
+        """One send of all messages; returns those whose fate is unknown, and whether the
+        broker closed the channel under them."""
+        sent = await self.transport.send(messages, deadline)
+        unknown = await self._settle(messages, sent, result)
+        return unknown, sent.closed_by_broker is not None
+
+    async def _isolated(self, messages: list[Message], result: PublishResult,
+                        deadline: float) -> tuple[list[Message], bool]:
+        """One message per send; a message whose send closes the channel alone fails."""
+        for index, m in enumerate(messages):
+            if self._outside_cause(deadline) is not None or not await self._channel_ready():
+                return messages[index:], False
+            sent = await self.transport.send([m], deadline)
+            if sent.closed_by_broker is not None and sent.status[0] not in (ACKED, NACKED):
+                result.failed[m.id] = Fault(
+                    Reason.CHANNEL_CLOSED_BY_ROW,
+                    f"the broker closed the channel when this message was published "
+                    f"(exchange {m.exchange!r}, key {m.routing_key!r}): {sent.closed_by_broker}",
+                )
+                continue
+            if await self._settle([m], sent, result):
+                return messages[index:], False
+        return [], False
+
+    async def _settle(self, messages: list[Message], sent: Sent,
+                      result: PublishResult) -> list[Message]:
+        unknown: list[Message] = []
+        silent = False
+        # A pass cut short by the end of the budget proves nothing about the broker.
+        waited_long = sent.waited_s >= min(self.publish_timeout_s / 2, 5.0)
+        for m, status in zip(messages, sent.status, strict=True):
+            returned = sent.returned.get(m.id)
+            if status == ACKED and returned is None:
+                result.confirmed.append(m.id)
+            elif status == ACKED:
+                result.failed[m.id] = Fault(Reason.UNROUTABLE, returned or "returned")
+            elif status == NACKED:
+                result.failed[m.id] = Fault(Reason.NACKED, "nacked by the broker")
+            elif status == TIMEOUT and sent.heard and not self.connection.blocked:
+                result.failed[m.id] = Fault(
+                    Reason.CONFIRM_TIMEOUT,
+                    f"no confirm within the batch's publish budget ({self.publish_timeout_s:g}s)"
+                    " while the broker confirmed other messages",
+                )
+            else:
+                blocked = self.connection.blocked
+                silent = silent or (status == TIMEOUT and waited_long and not blocked)
+                unknown.append(m)
+        if silent:
+            # Nothing was confirmed: a broker that stopped answering (a silent network cut),
+            # not these rows' fault. Drop the connection; the supervisor reconnects.
+            await self.connection.abandon("no confirm from the broker within the deadline")
+        return unknown
+
+
+def _log_faults(result: PublishResult) -> None:
+    """One log line per cause per batch, with a count (never one line per row)."""
+    if result.unsent:
+        for reason, count in Counter(result.unsent.values()).items():
+            log.warning("batch_unsent", reason=reason.value, count=count)
+
+
+class AmqpPublisher(Pipeline):
+    """The pipeline over the per-message transport (RELAY_PUBLISHER=simple)."""
+
+    def __init__(self, url: str, *, publish_timeout_s: float, reconnect_max_s: float = 30.0,
+                 supervisor: Supervisor | None = None, encoder: Encoder | None = None) -> None:
+        super().__init__(_connection(url, reconnect_max_s, supervisor), PerMessage(),
+                         publish_timeout_s=publish_timeout_s, encoder=encoder)
+
+
+class BulkPublisher(Pipeline):
+    """The pipeline over the bulk-frames transport (RELAY_PUBLISHER=bulk, the default)."""
+
+    def __init__(self, url: str, *, publish_timeout_s: float, reconnect_max_s: float = 30.0,
+                 supervisor: Supervisor | None = None, encoder: Encoder | None = None) -> None:
+        super().__init__(_connection(url, reconnect_max_s, supervisor), Bulk(),
+                         publish_timeout_s=publish_timeout_s, encoder=encoder)
+
+
+def _connection(url: str, reconnect_max_s: float, supervisor: Supervisor | None
+                ) -> BrokerConnection:
+    from relay.amqp.nodes import redact_urls
+    from relay.supervise import Backoff
+
+    sup = supervisor or Supervisor("broker", backoff=Backoff(max_s=reconnect_max_s),
+                                   describe=redact_urls(url))
+    return BrokerConnection(url, supervisor=sup)

@@ -1,0 +1,264 @@
+"""The two ways a pass of messages reaches the broker, behind one seam (`Transport.send`).
+
+- `PerMessage`: one aiormq basic_publish (and future) per message, on an aio-pika confirm
+  channel; acks and nacks come back through aiormq's own futures (by delivery tag).
+- `Bulk`: the whole pass encoded as frames (relay/amqp/frames.py) and written at once; acks and
+  nacks, usually `multiple`, settle contiguous delivery-tag ranges.
+
+Both tie a basic.return to its row by the relay's own header only (relay/amqp/compat.py routes
+the channel's return frames here), and both report, per message: acked, nacked, timed out, or
+lost (the channel or connection closed before a confirm). Deciding what each means for the row
+is the pipeline's business (relay/amqp/pipeline.py), the same for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from pamqp import commands as spec
+
+from relay.amqp import compat
+from relay.amqp.encoder import amqp_properties, publish_method, returned_row_id
+from relay.amqp.frames import ACKED, NACKED, PENDING, ConfirmTracker, FrameEncoder, TagRange
+from relay.interfaces import Message
+
+log = structlog.get_logger("relay.amqp.transports")
+
+TIMEOUT, LOST, NOT_SENT = 3, 4, 5  # beside frames.ACKED and frames.NACKED
+
+
+@dataclass(slots=True)
+class Sent:
+    """What the broker said about each message of one pass, in order."""
+
+    status: list[int]  # ACKED, NACKED, TIMEOUT, LOST (fate unknown) or NOT_SENT per message
+    returned: dict[str, str] = field(default_factory=dict)  # row id -> why it came back
+    closed_by_broker: str | None = None  # the broker closed the channel: its reason
+    waited_s: float = 0.0  # how long the pass waited for confirms
+
+    @property
+    def heard(self) -> bool:
+        """The broker confirmed at least one message of the pass (it is alive)."""
+        return any(s in (ACKED, NACKED) for s in self.status)
+
+
+class Transport(Protocol):
+    """Sends one pass of messages on the relay's confirm channel."""
+
+    @property
+    def usable(self) -> bool:
+        """The confirm channel is open."""
+
+    async def open(self, connection: Any) -> None:
+        """Open (or reopen) the confirm channel on an aio-pika connection."""
+
+    async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
+        """Publish and wait for confirms until `deadline` (loop time)."""
+
+
+class _Returns:
+    """basic.return frames of one channel, by row id (the relay's header)."""
+
+    def __init__(self) -> None:
+        self.by_row: dict[str, str] = {}
+
+    def __call__(self, frame: spec.Basic.Return, properties: spec.Basic.Properties) -> None:
+        row_id = returned_row_id(properties)
+        if row_id is None:
+            log.warning("return_without_id", exchange=frame.exchange, key=frame.routing_key)
+            return
+        self.by_row[row_id] = (
+            f"returned by the broker ({frame.reply_code} {frame.reply_text}; "
+            f"exchange {frame.exchange!r}, key {frame.routing_key!r})"
+        )
+
+    def take(self, ids: Sequence[str]) -> dict[str, str]:
+        """Remove and return the returns of these rows."""
+        out = {}
+        for row_id in ids:
+            reason = self.by_row.pop(row_id, None)
+            if reason is not None:
+                out[row_id] = reason
+        return out
+
+
+async def _confirm_channel(connection: Any) -> tuple[Any, Any, _Returns]:
+    """A new confirm channel (aio-pika and aiormq objects), checked, its returns hooked."""
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=False)
+    raw = await channel.get_underlay_channel()
+    compat.verify(connection, raw)
+    returns = _Returns()
+    compat.hook_returns(raw, returns)
+    return channel, raw, returns
+
+
+class _Closing:
+    """Why the broker closed a channel (a channel.close it sent), if it did."""
+
+    def __init__(self, raw: Any) -> None:
+        self.reason: str | None = None
+        compat.on_close(raw, self._closed)
+
+    def _closed(self, exc: BaseException | None) -> None:
+        if isinstance(exc, compat.CHANNEL_CLOSED):
+            self.reason = str(exc) or type(exc).__name__
+
+
+class PerMessage:
+    """One basic_publish per message through aiormq; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._channel: Any = None  # aio-pika channel
+        self._raw: Any = None  # its aiormq channel
+        self._returns = _Returns()
+        self._closing: _Closing | None = None
+
+    @property
+    def usable(self) -> bool:
+        """The confirm channel is open."""
+        return self._raw is not None and not self._raw.is_closed
+
+    async def open(self, connection: Any) -> None:
+        """Open a confirm channel and route its returns to the relay's header."""
+        self._channel, self._raw, self._returns = await _confirm_channel(connection)
+        self._closing = _Closing(self._raw)
+
+    async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
+        """Publish every message; wait for their confirms until the deadline."""
+        raw = self._raw
+        loop = asyncio.get_running_loop()
+        tasks = [
+            asyncio.ensure_future(
+                raw.basic_publish(m.body, exchange=m.exchange, routing_key=m.routing_key,
+                                  properties=amqp_properties(m), mandatory=m.mandatory)
+            )
+            for m in messages
+        ]
+        started = loop.time()
+        _, not_done = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0.0))
+        for task in not_done:
+            task.cancel()
+        if not_done:
+            await asyncio.gather(*not_done, return_exceptions=True)
+        status = [self._status(task, task in not_done) for task in tasks]
+        closed = next((str(e) for t in tasks if (e := _exception(t)) is not None
+                       and isinstance(e, compat.CHANNEL_CLOSED)), None)
+        if closed is None and self._closing is not None and raw.is_closed:
+            closed = self._closing.reason
+        return Sent(status, self._returns.take([m.id for m in messages]), closed,
+                    loop.time() - started)
+
+    @staticmethod
+    def _status(task: asyncio.Future[Any], timed_out: bool) -> int:
+        if timed_out:
+            return TIMEOUT
+        if task.cancelled():
+            return LOST
+        exc = task.exception()
+        if exc is None:
+            return ACKED if isinstance(task.result(), spec.Basic.Ack) else LOST
+        if isinstance(exc, compat.DELIVERY_ERROR):
+            return NACKED
+        return LOST
+
+
+def _exception(task: asyncio.Future[Any]) -> BaseException | None:
+    return None if task.cancelled() else task.exception()
+
+
+@dataclass(eq=False, slots=True)
+class _ConfirmChannel:
+    """One opened confirm channel with its tag tracker and encoder."""
+
+    raw: Any  # aiormq.Channel
+    tracker: ConfirmTracker
+    encoder: FrameEncoder
+    write_lock: asyncio.Lock
+    closing: _Closing
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.raw.is_closed)
+
+
+class Bulk:
+    """A pass as one write of pre-encoded frames, settled from (multiple) acks by tag.
+
+    Several passes (one per worker lane) may be in flight on the channel at once; each owns a
+    contiguous range of delivery tags. Nothing else publishes on this channel, so the tags the
+    broker assigns are exactly the ones counted here.
+    """
+
+    def __init__(self) -> None:
+        self._confirm: _ConfirmChannel | None = None
+        self._returns = _Returns()
+
+    @property
+    def usable(self) -> bool:
+        """The confirm channel is open."""
+        return self._confirm is not None and not self._confirm.closed
+
+    async def open(self, connection: Any) -> None:
+        """Open a confirm channel whose confirms and returns go to the tag tracker."""
+        _, raw, self._returns = await _confirm_channel(connection)
+        tracker = ConfirmTracker()
+
+        def on_confirm(frame: spec.Basic.Ack | spec.Basic.Nack) -> None:
+            code = ACKED if isinstance(frame, spec.Basic.Ack) else NACKED
+            tracker.on_confirm(frame.delivery_tag, bool(frame.multiple), code)
+
+        compat.hook_confirms(raw, on_confirm)
+        compat.on_close(raw, lambda _: tracker.abandon_all())
+        encoder = FrameEncoder(raw.number, compat.frame_max(raw), amqp_properties, publish_method)
+        self._confirm = _ConfirmChannel(raw, tracker, encoder, asyncio.Lock(), _Closing(raw))
+
+    async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
+        """One write of the pass; wait for its confirms until the deadline."""
+        channel = self._confirm
+        assert channel is not None
+        loop = asyncio.get_running_loop()
+        payload = channel.encoder.encode(messages)
+        done = loop.create_future()
+
+        def finished() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        async with channel.write_lock:
+            if channel.closed:
+                return Sent([LOST] * len(messages))
+            tags = channel.tracker.add([m.id for m in messages], finished)
+            try:
+                drain = await compat.write(channel.raw, payload, deadline - loop.time())
+            except BaseException as exc:
+                # Not written: give the tags back so the next pass's numbering stays exact.
+                channel.tracker.next_tag = tags.first
+                channel.tracker.discard(tags)
+                if isinstance(exc, TimeoutError):  # the writer is stuck (blocked, or a dead
+                    return Sent([NOT_SENT] * len(messages))  # socket): nothing went out
+                raise
+        timed_out, started = False, loop.time()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout=max(deadline - loop.time(), 0))
+        except TimeoutError:
+            timed_out = True
+        finally:
+            if not done.done():
+                # Timed out or cancelled: confirms that still come for these tags are ignored.
+                channel.tracker.discard(tags)
+            if not drain.done():
+                drain.cancel()
+        return self._settle(channel, messages, tags, timed_out, loop.time() - started)
+
+    def _settle(self, channel: _ConfirmChannel, messages: Sequence[Message], tags: TagRange,
+                timed_out: bool, waited_s: float) -> Sent:
+        status = [
+            code if code != PENDING else (TIMEOUT if timed_out and not channel.closed else LOST)
+            for code in tags.status
+        ]
+        return Sent(status, self._returns.take([m.id for m in messages]),
+                    channel.closing.reason if channel.closed else None, waited_s)

@@ -1,0 +1,139 @@
+"""Rows that once stopped, lost or stormed the relay, each run through a real `relay run`
+against the real servers among good rows: every row gets its verdict, good rows flow."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from tests.helpers import Consumer, Env, count_rows, wait_until
+
+
+async def _insert(env: Env, rows: list[tuple[str, str, Any, dict[str, Any] | None]]) -> list[str]:
+    """Insert (exchange, routing key, body, options) rows in one transaction; return ids."""
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        ids = []
+        async with conn.transaction():
+            for exchange, key, body, options in rows:
+                ids.append(await conn.fetchval(
+                    "INSERT INTO queue_message (exchange, routing_key, content, options) "
+                    "VALUES ($1, $2, $3::jsonb, $4::jsonb) RETURNING id::text",
+                    exchange, key, json.dumps(body),
+                    None if options is None else json.dumps(options)))
+        return ids
+    finally:
+        await conn.close()
+
+
+async def dead_reasons(dsn: str) -> dict[str, str]:
+    """Dead letters by row id: their reason."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT id::text, reason FROM queue_message_dead")
+    finally:
+        await conn.close()
+    return {r["id"]: r["reason"] for r in rows}
+
+
+def _good(env: Env, n: int, tag: str) -> list[tuple[str, str, Any, None]]:
+    return [(env.exchange, env.routing_key, {tag: i}, None) for i in range(n)]
+
+
+async def test_millisecond_timestamp__is_converted_and_delivered_not_a_stuck_table(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    stamped_row = (env.exchange, env.routing_key, {"ms": 1}, {"timestamp": 1763900000000})
+    ids = await _insert(env, [*_good(env, 3, "a"), stamped_row, *_good(env, 3, "b")])
+    relay = start_relay()
+    await consumer.wait_for(7)
+    assert sorted(consumer.ids()) == sorted(ids)
+    stamped = next(m for m in consumer.messages if m.message_id == ids[3])
+    assert stamped.timestamp is not None
+    assert int(stamped.timestamp.timestamp()) == 1763900000
+    await wait_until(lambda: _empty(env), what="an empty outbox")
+    assert relay.alive()
+
+
+async def test_message_id_equal_to_the_row_id__delivered_without_a_reconnect(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        row_id = await conn.fetchval(
+            "INSERT INTO queue_message (id, exchange, routing_key, content, options) "
+            "SELECT g, $1, $2, '{\"own\": 1}', jsonb_build_object('messageId', g::text) "
+            "FROM gen_random_uuid() AS g RETURNING id::text", env.exchange, env.routing_key)
+    finally:
+        await conn.close()
+    good = await _insert(env, _good(env, 5, "g"))
+    relay = start_relay()
+    await consumer.wait_for(6)
+    assert sorted(consumer.ids()) == sorted([row_id, *good])
+    more = await _insert(env, _good(env, 5, "later"))
+    await consumer.wait_for(11)
+    assert set(more) <= set(consumer.ids())
+    assert _connections_opened(relay.log_events()) == 1
+
+
+async def test_routing_key_over_255_bytes__dead_at_once_naming_the_field(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    ids = await _insert(env, [*_good(env, 3, "a"), (env.exchange, "k" * 300, {"long": 1}, None),
+                              *_good(env, 3, "b")])
+    relay = start_relay()
+    await consumer.wait_for(6)
+    await wait_until(lambda: _dead_has(env, ids[3]), what="the long-key row dead")
+    assert sorted(consumer.ids()) == sorted(ids[:3] + ids[4:])
+    reason = (await dead_reasons(env.pg_dsn))[ids[3]]
+    assert reason.startswith("encode_error: routing_key: 300 bytes")
+    assert relay.alive()
+
+
+async def test_forged_outbox_header_on_an_unroutable_row__is_held_not_deleted_as_published(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    good = await _insert(env, _good(env, 3, "a"))
+    # The producer writes the relay's own header with a routed row's id, on a row no queue takes.
+    [forged] = await _insert(env, [(env.exchange, "no-queue-bound", {"forged": 1},
+                                    {"headers": {"x-outbox-id": good[0]}})])
+    relay = start_relay(retry_base_s=60)
+    await consumer.wait_for(3)
+    await wait_until(lambda: _attempted(env, forged), what="the unroutable row retried")
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        row = await conn.fetchrow("SELECT attempts, last_error FROM queue_message WHERE id = $1",
+                                  forged)
+    finally:
+        await conn.close()
+    assert row is not None, "the unroutable row was deleted as published: the message is lost"
+    assert row["attempts"] == 1
+    assert row["last_error"].startswith("unroutable:")
+    assert sorted(consumer.ids()) == sorted(good)
+    assert relay.alive()
+
+
+async def _empty(env: Env) -> bool:
+    return await count_rows(env.pg_dsn) == 0
+
+
+async def _dead_has(env: Env, row_id: str) -> bool:
+    return row_id in await dead_reasons(env.pg_dsn)
+
+
+async def _attempted(env: Env, row_id: str) -> bool:
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        return bool(await conn.fetchval(
+            "SELECT attempts > 0 FROM queue_message WHERE id = $1", row_id))
+    finally:
+        await conn.close()
+
+
+def _connections_opened(events: list[dict[str, Any]]) -> int:
+    """Broker connections the relay opened: the first, plus one per restored outage."""
+    restored = [e for e in events
+                if e.get("event") == "connection_restored" and e.get("connection") == "broker"]
+    return 1 + len(restored)

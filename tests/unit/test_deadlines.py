@@ -1,0 +1,54 @@
+"""Every deadline comes from one place, and a batch's publish always ends before the server
+could free its locks. No servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.amqp.nodes import Nodes, redact_urls, split_urls
+from relay.deadlines import Deadlines
+from relay.pg.store import connect_args
+from relay.settings import Settings
+
+
+@pytest.mark.parametrize("budget_s", [0.5, 5.0, 15.0, 60.0, 600.0])
+@pytest.mark.parametrize("statement_s", [1.0, 30.0, 300.0])
+def test_derive__the_publish_budget_ends_before_idle_in_transaction_frees_the_locks(
+    budget_s: float, statement_s: float
+) -> None:
+    d = Deadlines.derive(publish_budget_s=budget_s, statement_timeout_s=statement_s,
+                         poll_interval_s=5.0)
+    assert d.idle_in_transaction_s >= d.publish_budget_s + 5.0
+    # liveness never calls a batch stalled while it may still legitimately run
+    assert d.stall_after_s > d.publish_budget_s + 4 * d.statement_timeout_s
+
+
+def test_connect_args__the_worker_sessions_carry_the_derived_server_limits() -> None:
+    settings = Settings(pg_dsn="postgresql://u@h/db", publish_timeout_s=20,
+                        shutdown_timeout_s=30, statement_timeout_s=12)
+    d = Deadlines.from_settings(settings)
+    args = connect_args(settings, "worker")
+    assert args["server_settings"]["idle_in_transaction_session_timeout"] == str(
+        d.idle_in_transaction_ms)
+    assert args["server_settings"]["statement_timeout"] == "12000"
+    assert args["command_timeout"] > 12
+    # sessions that wait on locks or migrate carry no statement timeout
+    assert "statement_timeout" not in connect_args(settings, "wakeup")["server_settings"]
+
+
+def test_settings__a_stop_shorter_than_a_publish_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match="must exceed RELAY_PUBLISH_TIMEOUT_S") as exc:
+        Settings(publish_timeout_s=30, shutdown_timeout_s=20)
+    assert "shutdown_timeout_s" in str(exc.value)
+
+
+def test_nodes__a_comma_separated_url_list_is_shuffled_and_walked_in_a_ring() -> None:
+    value = "amqp://u:p1@a:5672/, amqp://u:p2@b:5672/,amqp://u:p3@c:5672/"
+    assert split_urls(value) == ["amqp://u:p1@a:5672/", "amqp://u:p2@b:5672/",
+                                 "amqp://u:p3@c:5672/"]
+    assert "p1" not in redact_urls(value)
+    assert "p3" not in redact_urls(value)
+    nodes = Nodes(value)
+    seen = [nodes.current, nodes.advance(), nodes.advance(), nodes.advance()]
+    assert sorted(seen[:3]) == sorted(split_urls(value))
+    assert seen[3] == seen[0]

@@ -1,0 +1,211 @@
+"""The publish pipeline's pass loop over a scripted transport (no broker): which verdict each
+kind of broker answer gives, for either transport, since both sit behind the same seam."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from relay.amqp.connection import ExchangeCache
+from relay.amqp.encoder import amqp_properties
+from relay.amqp.frames import ACKED, NACKED, ConfirmTracker, FrameEncoder
+from relay.amqp.pipeline import Pipeline
+from relay.amqp.transports import LOST, NOT_SENT, TIMEOUT, Bulk, Sent, _Closing, _ConfirmChannel
+from relay.interfaces import Message, Reason
+from relay.supervise import Supervisor
+from tests.unit.kit import msg
+
+
+@dataclass
+class FakeConnection:
+    connected: bool = True
+    blocked: bool = False
+    missing: set[str] = field(default_factory=set)
+    abandoned: list[str] = field(default_factory=list)
+    supervisor: Supervisor = field(default_factory=lambda: Supervisor("broker"))
+    exchanges: ExchangeCache = field(default_factory=ExchangeCache)
+    user: str = "guest"
+    raw: Any = None
+
+    @property
+    def ready(self) -> bool:
+        return self.connected and not self.blocked
+
+    def on_open(self, callback: Any) -> None:
+        pass
+
+    async def missing_exchanges(self, names: set[str]) -> set[str]:
+        return names & self.missing
+
+    async def abandon(self, why: str) -> None:
+        self.abandoned.append(why)
+        self.connected = False
+
+
+Answer = Callable[[Sequence[Message]], Sent]
+
+
+@dataclass
+class ScriptedTransport:
+    """Answers each send with the next scripted answer; records what was sent."""
+
+    answers: list[Answer]
+    sends: list[list[str]] = field(default_factory=list)
+    usable: bool = True
+    opened: int = 0
+
+    async def open(self, connection: Any) -> None:
+        self.opened += 1
+        self.usable = True
+
+    async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
+        self.sends.append([m.id for m in messages])
+        sent = self.answers.pop(0)(messages) if self.answers else Sent([ACKED] * len(messages))
+        if sent.closed_by_broker is not None:
+            self.usable = False
+        return sent
+
+
+def _pipeline(conn: FakeConnection, *answers: Answer) -> tuple[Pipeline, ScriptedTransport]:
+    transport = ScriptedTransport(list(answers))
+    return Pipeline(conn, transport, publish_timeout_s=15), transport  # type: ignore[arg-type]
+
+
+BATCH = [msg(f"m{i}") for i in range(5)]
+
+
+async def test_publish__acks_nacks_and_returns_settle_only_their_own_rows() -> None:
+    def answer(ms: Sequence[Message]) -> Sent:
+        return Sent([ACKED, NACKED, ACKED, ACKED, ACKED], returned={"m2": "returned (312)"})
+
+    pipeline, _ = _pipeline(FakeConnection(), answer)
+    result = await pipeline.publish(BATCH)
+    assert result.confirmed == ["m0", "m3", "m4"]
+    assert {k: v.reason for k, v in result.failed.items()} == {
+        "m1": Reason.NACKED, "m2": Reason.UNROUTABLE}
+
+
+async def test_publish__missing_exchange_fails_its_rows_and_sends_the_rest() -> None:
+    batch = [*BATCH[:2], Message("gone", "nope", "rk", b"{}", BATCH[0].properties, True)]
+    pipeline, transport = _pipeline(FakeConnection(missing={"nope"}))
+    result = await pipeline.publish(batch)
+    assert transport.sends == [["m0", "m1"]]
+    assert result.failed["gone"].reason is Reason.EXCHANGE_NOT_FOUND
+
+
+async def test_publish__a_row_that_closes_the_channel_fails_alone_after_isolation() -> None:
+    def closed(ms: Sequence[Message]) -> Sent:
+        return Sent([ACKED, LOST, LOST, LOST, LOST], closed_by_broker="PRECONDITION_FAILED")
+
+    def isolated(ms: Sequence[Message]) -> Sent:
+        if ms[0].id == "m2":
+            return Sent([LOST], closed_by_broker="PRECONDITION_FAILED - invalid header")
+        return Sent([ACKED])
+
+    pipeline, transport = _pipeline(FakeConnection(), closed, isolated, isolated, isolated,
+                                    isolated)
+    result = await pipeline.publish(BATCH)
+    assert transport.sends == [["m0", "m1", "m2", "m3", "m4"], ["m1"], ["m2"], ["m3"], ["m4"]]
+    assert sorted(result.confirmed) == ["m0", "m1", "m3", "m4"]
+    assert result.failed["m2"].reason is Reason.CHANNEL_CLOSED_BY_ROW
+    assert "invalid header" in result.failed["m2"].text
+    assert transport.opened == 2  # reopened after each close
+
+
+async def test_publish__a_silent_broker_is_an_outage_not_the_rows_fault() -> None:
+    def silent(ms: Sequence[Message]) -> Sent:
+        return Sent([TIMEOUT] * len(ms), waited_s=15)
+
+    conn = FakeConnection()
+    pipeline, _ = _pipeline(conn, silent)
+    result = await pipeline.publish(BATCH)
+    assert result.unsent == {m.id: Reason.BROKER_LOST for m in BATCH}
+    assert not result.failed
+    assert conn.abandoned, "the silent connection is dropped so the supervisor reconnects"
+
+
+async def test_publish__a_timeout_while_the_broker_confirms_others_is_the_rows_fault() -> None:
+    def partial(ms: Sequence[Message]) -> Sent:
+        return Sent([ACKED, ACKED, TIMEOUT, ACKED, ACKED], waited_s=15)
+
+    conn = FakeConnection()
+    pipeline, _ = _pipeline(conn, partial)
+    result = await pipeline.publish(BATCH)
+    assert result.failed["m2"].reason is Reason.CONFIRM_TIMEOUT
+    assert not conn.abandoned
+
+
+async def test_publish__blocked_or_lost_broker_leaves_rows_untouched_with_the_cause() -> None:
+    pipeline, transport = _pipeline(FakeConnection(blocked=True))
+    result = await pipeline.publish(BATCH)
+    assert transport.sends == []
+    assert set(result.unsent.values()) == {Reason.BLOCKED}
+    pipeline, _ = _pipeline(FakeConnection(connected=False))
+    assert set((await pipeline.publish(BATCH)).unsent.values()) == {Reason.BROKER_LOST}
+
+
+async def test_publish__a_spent_budget_leaves_rows_untouched_as_deadline() -> None:
+    pipeline, transport = _pipeline(FakeConnection())
+    result = await pipeline.publish(BATCH, deadline=asyncio.get_running_loop().time() - 1)
+    assert transport.sends == []
+    assert set(result.unsent.values()) == {Reason.DEADLINE}
+
+
+async def test_publish__messages_the_encoder_refuses_are_never_sent() -> None:
+    bad = Message("bad", "x", "k" * 300, b"{}", BATCH[0].properties, True)
+    pipeline, transport = _pipeline(FakeConnection())
+    result = await pipeline.publish([bad, BATCH[0]])
+    assert transport.sends == [["m0"]]
+    assert result.refused["bad"].reason is Reason.ENCODE_ERROR
+
+
+# ---------------------------------------------------------------- the bulk transport's send
+
+
+def _bulk(queue_size: int = 0) -> tuple[Bulk, _ConfirmChannel]:
+    raw = SimpleNamespace(is_closed=False, write_queue=asyncio.Queue(maxsize=queue_size),
+                          closing=asyncio.get_running_loop().create_future())
+    channel = _ConfirmChannel(raw, ConfirmTracker(), FrameEncoder(1, 131072, amqp_properties),
+                              asyncio.Lock(), _Closing(raw))
+    bulk = Bulk()
+    bulk._confirm = channel
+    return bulk, channel
+
+
+async def test_bulk_send__one_write_settled_from_multiple_acks_nacks_and_returns() -> None:
+    bulk, channel = _bulk()
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(bulk.send(BATCH[:4], loop.time() + 5))
+    frame = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
+    assert frame.payload.count(b"\xce") == 12  # method, header, body per message, one write
+    bulk._returns.by_row["m1"] = "returned (312 NO_ROUTE)"
+    channel.tracker.on_confirm(2, True, ACKED)
+    channel.tracker.on_confirm(3, False, NACKED)
+    channel.tracker.on_confirm(4, False, ACKED)
+    sent = await asyncio.wait_for(task, timeout=5)
+    assert sent.status == [ACKED, ACKED, NACKED, ACKED]
+    assert sent.returned == {"m1": "returned (312 NO_ROUTE)"}
+
+
+async def test_bulk_send__unconfirmed_rows_time_out_and_later_confirms_are_ignored() -> None:
+    bulk, channel = _bulk()
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(bulk.send(BATCH[:2], loop.time() + 0.3))
+    await channel.raw.write_queue.get()
+    channel.tracker.on_confirm(1, False, ACKED)
+    sent = await task
+    assert sent.status == [ACKED, TIMEOUT]
+    assert sent.heard
+    assert not channel.tracker.ranges
+
+
+async def test_bulk_send__a_writer_that_takes_nothing_leaves_the_pass_not_sent() -> None:
+    bulk, channel = _bulk(queue_size=1)
+    channel.raw.write_queue.put_nowait(object())  # the writer is stuck (blocked broker)
+    loop = asyncio.get_running_loop()
+    sent = await asyncio.wait_for(bulk.send(BATCH[:3], loop.time() + 0.2), timeout=5)
+    assert sent.status == [NOT_SENT] * 3
+    assert channel.tracker.next_tag == 1, "the tags are given back: numbering stays exact"
