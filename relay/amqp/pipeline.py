@@ -29,7 +29,7 @@ from relay.amqp import compat
 from relay.amqp.connection import BrokerConnection
 from relay.amqp.encoder import Encoder
 from relay.amqp.frames import ACKED, NACKED
-from relay.amqp.transports import TIMEOUT, Bulk, PerMessage, Sent, Transport
+from relay.amqp.transports import LOST, TIMEOUT, Bulk, PerMessage, Sent, Transport
 from relay.interfaces import Fault, Message, OutboxRow, PublishResult, Reason
 from relay.supervise import Supervisor
 
@@ -153,6 +153,9 @@ class Pipeline:
             missing = await asyncio.wait_for(
                 self.connection.missing_exchanges({m.exchange for m in pending}), timeout=left
             )
+        except asyncio.CancelledError:
+            _reraise_if_cancelled()
+            return pending  # aiormq cancelled the RPC: its connection died under it
         except (TimeoutError, *compat.BROKER_LOST, *compat.CHANNEL_GONE):
             return pending  # the connection is going down: the loop finds out and stops
         sendable = []
@@ -182,9 +185,19 @@ class Pipeline:
                     deadline: float) -> tuple[list[Message], bool]:
         """One send of all messages; returns those whose fate is unknown, and whether the
         broker closed the channel under them."""
-        sent = await self.transport.send(messages, deadline)
+        sent = await self._send(messages, deadline)
         unknown = await self._settle(messages, sent, result)
         return unknown, sent.closed_by_broker is not None
+
+    async def _send(self, messages: list[Message], deadline: float) -> Sent:
+        """The transport's send; a connection that dies under it leaves the pass unknown."""
+        try:
+            return await self.transport.send(messages, deadline)
+        except asyncio.CancelledError:
+            _reraise_if_cancelled()  # aiormq cancels what waits on a connection it dropped
+        except (*compat.BROKER_LOST, *compat.CHANNEL_GONE, RuntimeError):
+            pass
+        return Sent([LOST] * len(messages))
 
     async def _isolated(self, messages: list[Message], result: PublishResult,
                         deadline: float) -> tuple[list[Message], bool]:
@@ -192,7 +205,7 @@ class Pipeline:
         for index, m in enumerate(messages):
             if self._outside_cause(deadline) is not None or not await self._channel_ready():
                 return messages[index:], False
-            sent = await self.transport.send([m], deadline)
+            sent = await self._send([m], deadline)
             if sent.closed_by_broker is not None and sent.status[0] not in (ACKED, NACKED):
                 result.failed[m.id] = Fault(
                     Reason.CHANNEL_CLOSED_BY_ROW,
@@ -233,6 +246,14 @@ class Pipeline:
             # not these rows' fault. Drop the connection; the supervisor reconnects.
             await self.connection.abandon("no confirm from the broker within the deadline")
         return unknown
+
+
+def _reraise_if_cancelled() -> None:
+    """Re-raise a CancelledError that is a real cancellation of this task (a stop); one raised
+    by the broker library for a connection it dropped is not, and is swallowed."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _log_faults(result: PublishResult) -> None:

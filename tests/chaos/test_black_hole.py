@@ -54,13 +54,6 @@ class NoticedLate(AssertionError):
     """The relay noticed the silent cut later than its configured timeout says."""
 
 
-@pytest.mark.xfail(
-    strict=True, raises=RelayDied,
-    reason="relay bug: when aiormq's heartbeat watchdog drops a silent connection, the RPC in "
-    "flight (the passive exchange check, relay/amqp/publisher.py _missing_exchanges -> "
-    "channel.get_exchange, or a confirm wait) raises CancelledError, which the worker takes "
-    "for a stop: `relay run` exits with a traceback instead of logging "
-    "broker_connection_lost and reconnecting")
 async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_loses_nothing(
     env: Env, tmp_path: Path
 ) -> None:

@@ -209,3 +209,39 @@ async def test_bulk_send__a_writer_that_takes_nothing_leaves_the_pass_not_sent()
     sent = await asyncio.wait_for(bulk.send(BATCH[:3], loop.time() + 0.2), timeout=5)
     assert sent.status == [NOT_SENT] * 3
     assert channel.tracker.next_tag == 1, "the tags are given back: numbering stays exact"
+
+
+async def test_publish__a_cancelled_error_from_the_library_is_a_lost_broker_not_a_stop() -> None:
+    """aiormq cancels the futures of a connection its heartbeat dropped: the publish must end
+    with the rows untouched, not raise CancelledError into the worker (which means stop)."""
+
+    def dropped(ms: Sequence[Message]) -> Sent:
+        raise asyncio.CancelledError
+
+    conn = FakeConnection()
+    pipeline, _ = _pipeline(conn, dropped, dropped, dropped)
+    result = await pipeline.publish(BATCH)
+    assert set(result.unsent.values()) == {Reason.BROKER_LOST}
+    assert not result.failed
+
+
+async def test_publish__a_real_cancellation_still_stops_the_publish() -> None:
+    release = asyncio.Event()
+
+    def slow(ms: Sequence[Message]) -> Sent:
+        return Sent([ACKED] * len(ms))
+
+    class Waiting(ScriptedTransport):
+        async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
+            await release.wait()
+            return slow(messages)
+
+    pipeline = Pipeline(FakeConnection(), Waiting([]), publish_timeout_s=15)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(pipeline.publish(BATCH))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return
+    raise AssertionError("a cancelled publish returned instead of stopping")
