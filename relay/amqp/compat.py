@@ -12,6 +12,7 @@ tests/integration/test_compat.py fails if a replaced hook stops being called.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -149,3 +150,20 @@ AUTH_FAILED = (aiormq.exceptions.ProbableAuthenticationError,
 NOT_FOUND = aiormq.exceptions.ChannelNotFoundEntity
 CHANNEL_CLOSED = aiormq.exceptions.ChannelClosed
 DELIVERY_ERROR = aiormq.exceptions.DeliveryError
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """The broker refused the login or the certificate: waiting will not change it. aiormq
+    wraps such errors (in args or as the cause), so the whole chain is searched."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo and len(seen) < 20:
+        current = todo.pop()
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        if isinstance(current, (*AUTH_FAILED, ssl.SSLCertVerificationError)):
+            return True
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        todo += [a for a in current.args if isinstance(a, BaseException)]
+    return False

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import socket
-import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -107,11 +106,11 @@ class BrokerConnection:
                 aio_pika.connect(url, client_properties={"connection_name": self.connection_name}),
                 timeout=self.connect_timeout_s,
             )
-        except (*compat.AUTH_FAILED, ssl.SSLCertVerificationError) as exc:
-            # Refused credentials or an untrusted certificate: waiting will not change them.
-            raise BrokerError(f"RabbitMQ at {redact_url(url)} refused the connection: {exc}"
-                              ) from exc
         except (TimeoutError, *compat.BROKER_LOST) as exc:
+            if compat.refused_for_good(exc):
+                # Refused credentials or an untrusted certificate: waiting will not change them.
+                raise BrokerError(f"RabbitMQ at {redact_url(url)} refused the connection: "
+                                  f"{exc}") from exc
             self.nodes.advance()
             raise BrokerUnreachable(f"cannot reach RabbitMQ at {redact_url(url)}: {exc}") from exc
         self.opened += 1
