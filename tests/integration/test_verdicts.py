@@ -137,3 +137,33 @@ def _connections_opened(events: list[dict[str, Any]]) -> int:
     restored = [e for e in events
                 if e.get("event") == "connection_restored" and e.get("connection") == "broker"]
     return 1 + len(restored)
+
+
+async def test_rows_the_broker_would_refuse_at_the_protocol_level__dead_without_a_reconnect(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """Each of these closed the channel or, for the oversize header frame, the whole
+    connection, when sent: refused before sending, the line and the connection stay up."""
+    refused = [
+        (env.exchange, env.routing_key, {"cc": 1}, {"headers": {"CC": "queue-a"}}),
+        (env.exchange, env.routing_key, {"big": 1}, {"headers": {"pad": "x" * 140_000}}),
+        (env.exchange, env.routing_key, {"ttl": 1}, {"expiration": 10**13}),
+        ("ünïcode-exchange", env.routing_key, {"x": 1}, None),
+        (env.exchange, env.routing_key, {"n": 1}, {"headers": {"n": 2**64}}),
+        (env.exchange, env.routing_key, {"u": 1}, {"userId": "mallory"}),
+    ]
+    ids = await _insert(env, [*_good(env, 3, "a"), *refused, *_good(env, 3, "b")])
+    bad = ids[3:9]
+    relay = start_relay()
+    await consumer.wait_for(6)
+    await wait_until(lambda: _all_dead(env, bad), what="the refused rows dead")
+    assert sorted(consumer.ids()) == sorted(ids[:3] + ids[9:])
+    reasons = await dead_reasons(env.pg_dsn)
+    codes = [reasons[i].split(":", 1)[0] for i in bad]
+    assert codes == ["encode_error", "too_large", "invalid_option", "encode_error",
+                     "encode_error", "forbidden"]
+    assert _connections_opened(relay.log_events()) == 1
+
+
+async def _all_dead(env: Env, row_ids: list[str]) -> bool:
+    return set(row_ids) <= set(await dead_reasons(env.pg_dsn))
