@@ -59,10 +59,11 @@ RUN mkdir -p /usr/share/man/man1 \
     && useradd --system --uid 10001 --gid relay --create-home --home-dir /home/relay \
        --shell /usr/sbin/nologin relay
 COPY --from=spark-build /opt/relay /opt/relay
+# No SPARK_LOCAL_IP here: session() binds local runs to the loopback itself, and a driver or
+# executor of a real cluster must advertise an address the others can reach.
 ENV PATH=/opt/relay/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYSPARK_PYTHON=/opt/relay/bin/python \
-    SPARK_LOCAL_IP=127.0.0.1 \
     RELAY_SPARK_JDBC_JAR=/usr/share/java/postgresql.jar
 WORKDIR /home/relay
 USER 10001:10001

@@ -350,7 +350,10 @@ WHERE id IN (SELECT id FROM {archive}
 -- ============================================================ spark
 -- Run by relay.spark (psycopg, on the Spark driver and, in copy mode, on executors). Besides
 -- the table placeholders: {stage} is a quoted staging table, {stage_literal} its bare name as
--- a string literal, {columns} the quoted column list the DataFrame writes. No parameters.
+-- a string literal, {columns} the quoted column list the DataFrame writes, {column_defs} the
+-- staging table's column definitions (types read from the catalog, so creating it needs no
+-- SELECT on the outbox), {others} the written columns other than id, {order} the merge's
+-- ORDER BY clause (or nothing). No parameters.
 
 -- name: spark_table_columns
 -- The outbox table's columns and types, to validate a DataFrame before anything is written.
@@ -364,6 +367,11 @@ SELECT n.nspname::text
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = {table_literal}::regclass
 
+-- name: spark_can_select_table
+-- Spark's JDBC writer reads the target's schema with SELECT * after an append: a role without
+-- SELECT on the outbox would have its rows written and the job failed.
+SELECT has_table_privilege({table_literal}, 'SELECT')
+
 -- name: spark_stage_lock
 -- Held by the job's driver for the life of its staging table: cleanup drops only tables
 -- whose lock it can take, i.e. whose job is gone.
@@ -374,7 +382,7 @@ SELECT pg_advisory_unlock(hashtext('outbox-relay:stage'), hashtext({stage_litera
 
 -- name: spark_stage_create
 -- Same column types as the outbox (jsonb, uuid, ...), no constraints, no trigger, no WAL.
-CREATE UNLOGGED TABLE {stage} AS SELECT {columns} FROM {table} WITH NO DATA
+CREATE UNLOGGED TABLE {stage} ({column_defs})
 
 -- name: spark_stage_drop
 DROP TABLE IF EXISTS {stage}
@@ -390,7 +398,17 @@ WHERE c.relkind = 'r'
   AND pg_try_advisory_lock(hashtext('outbox-relay:stage'), hashtext(c.relname::text))
 
 -- name: spark_copy_create
-CREATE TEMPORARY TABLE {stage} ON COMMIT DROP AS SELECT {columns} FROM {table} WITH NO DATA
+CREATE TEMPORARY TABLE {stage} ({column_defs}) ON COMMIT DROP
+
+-- name: spark_conflicting_id
+-- An id that two staged rows carry with different content: the write is refused. Equal
+-- duplicates (a task that ran twice) are fine: the merge keeps one.
+SELECT s.id::text
+FROM {stage} AS s
+WHERE s.id IN (SELECT id FROM {stage} GROUP BY id HAVING count(*) > 1)
+GROUP BY s.id
+HAVING count(DISTINCT ({others})) > 1
+LIMIT 1
 
 -- name: spark_copy_rows
 COPY {stage} ({columns}) FROM STDIN
@@ -398,11 +416,13 @@ COPY {stage} ({columns}) FROM STDIN
 -- name: spark_merge
 -- One statement, so the statement-level trigger wakes the relay once per job. ON CONFLICT
 -- skips ids still in the outbox; NOT EXISTS skips ids already archived (on_success=archive).
--- Returns (rows staged, rows inserted).
+-- {order} sorts the rows so the seq identity follows (ordering_key, order_by...). Returns
+-- (rows staged, rows inserted).
 WITH inserted AS (
     INSERT INTO {table} ({columns})
     SELECT {columns} FROM {stage} AS s
     WHERE NOT EXISTS (SELECT 1 FROM {archive} AS a WHERE a.id = s.id)
+    {order}
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
 )

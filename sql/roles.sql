@@ -70,3 +70,36 @@ BEGIN
                        {relays_literal}, {relay_role_literal});
     END IF;
 END $$
+;
+
+-- ============================================================ spark writer
+-- Spark jobs (relay.spark.write_outbox) write as their own group role, not as the producer:
+-- the idempotent modes merge with ON CONFLICT (id), which needs SELECT on id, and skip ids
+-- already archived, which reads the archive's id; the staged mode creates (and drops) its
+-- own UNLOGGED staging table next to the outbox; the copy mode uses a temporary table.
+-- Nothing here lets the role read content or touch rows once written.
+--   CREATE ROLE nightly_job LOGIN PASSWORD '...' IN ROLE {spark_role};
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {spark_role_literal}) THEN
+        CREATE ROLE {spark_role} NOLOGIN;
+    END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+    NULL;
+END $$;
+
+GRANT USAGE, CREATE ON SCHEMA {schema} TO {spark_role};
+GRANT INSERT ON {table} TO {spark_role};
+GRANT SELECT (id) ON {table} TO {spark_role};
+GRANT SELECT (id) ON {archive} TO {spark_role};
+
+DO $$
+DECLARE
+    seq_name text := pg_get_serial_sequence({table_literal}, 'seq');
+BEGIN
+    IF seq_name IS NOT NULL THEN
+        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', seq_name, {spark_role_literal});
+    END IF;
+    EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO %I', current_database(),
+                   {spark_role_literal});
+END $$

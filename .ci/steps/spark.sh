@@ -25,3 +25,16 @@ fi
 
 java -version 2>&1 | head -1
 ls -l /usr/share/java/postgresql.jar
+
+# A second virtual environment with Spark 3.5 (the extra accepts >=3.5,<5): tests/spark/
+# test_spark35.py runs a representative part of tests/spark in it. Created once, then checked.
+cd "$(dirname "$0")/../.."
+venv35=.venv/spark-3.5
+if [ ! -x "$venv35/bin/pytest" ]; then
+    echo "==> $venv35 (pyspark 3.5)"
+    "${PYTHON:-python3}" -m venv "$venv35"
+    "$venv35/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+    "$venv35/bin/python" -m pip install -q -e ".[test,spark]" "pyspark>=3.5,<3.6" 2>&1 \
+        | grep -v "is ignored" || true
+fi
+"$venv35/bin/python" -c "import pyspark; print('pyspark', pyspark.__version__, 'in $venv35')"

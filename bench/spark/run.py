@@ -3,6 +3,10 @@ the same rows, in one run, rounds interleaved; then the whole path (job start to
 consumed) with one relay running.
 
     .venv/bin/python bench/spark/run.py [--rows 1000000] [--rounds 3] [--path-rows 200000]
+        [--master standalone|local[2]] [--modes plain,staged,copy,append]
+
+`--master standalone` (the default) starts a Spark standalone master and one 2-core worker on
+127.0.0.1 from the installed pyspark (tests/spark/standalone.py) and runs the writes there.
 
 Needs the local PostgreSQL and RabbitMQ (or BENCH_PG_DSN / BENCH_AMQP_URL); makes and drops
 its own database, exchange and queue.
@@ -18,6 +22,7 @@ import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ from relay.spark.dsn import jdbc_target
 ADMIN_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 RELAY_BIN = str(Path(sys.executable).with_name("relay"))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def frame(spark: Any, rows: int, exchange: str, tag: str) -> Any:
@@ -120,8 +126,12 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--path-rows", type=int, default=200_000)
+    parser.add_argument("--path-rows", type=int, default=200_000, help="0: skip the path")
+    parser.add_argument("--master", default="standalone")
+    parser.add_argument("--modes", default="plain,staged,copy,append")
     args = parser.parse_args()
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average before the run: "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
 
     name = f"bench_spark_{secrets.token_hex(3)}"
     admin = await asyncpg.connect(ADMIN_DSN)
@@ -131,16 +141,29 @@ async def main() -> None:
     await migrate(conn, TableNames(None, "queue_message", "queue_message_notify"),
                   NotifyMode.ALWAYS)
     await conn.close()
+    cluster = None
+    master = args.master
+    if master == "standalone":
+        sys.path.insert(0, str(ROOT))  # the repo's tests/
+        from tests.spark.standalone import Standalone
+
+        cluster = Standalone(Path(tempfile.mkdtemp(prefix="bench-standalone-"))).start()
+        master = cluster.master_url
     t0 = time.monotonic()
-    spark = session("bench-spark", master="local[2]", **{"spark.ui.enabled": "false"})
+    spark = session("bench-spark", master=master, **{
+        "spark.ui.enabled": "false", "spark.executor.memory": "700m",
+        "spark.cores.max": "2", "spark.pyspark.python": sys.executable})  # copy: executors
     spark.sparkContext.setLogLevel("ERROR")
     session_s = time.monotonic() - t0
-    rates: dict[str, list[float]] = {m: [] for m in ("plain", "append", "staged", "copy")}
+    print(f"master {master}, pyspark {spark.version}", flush=True)
+    modes = args.modes.split(",")
+    rates: dict[str, list[float]] = {m: [] for m in modes}
     try:
         df = frame(spark, args.rows, "bench", "w")
         plain_append(frame(spark, 10_000, "bench", "warm"), dsn)  # JIT and driver warm-up
         for r in range(args.rounds):
-            order = list(rates)[r % 4:] + list(rates)[:r % 4]  # rotate: noise hits all modes
+            n = len(modes)
+            order = modes[r % n:] + modes[:r % n]  # rotate: noise hits all modes
             for mode in order:
                 await truncate(dsn)
                 started = time.monotonic()
@@ -152,9 +175,11 @@ async def main() -> None:
                 rates[mode].append(args.rows / elapsed)
                 print(f"round {r + 1} {mode:<7} {args.rows / elapsed:>9,.0f} rows/s", flush=True)
         await truncate(dsn)
-        path_s = await whole_path(spark, dsn, args.path_rows)
+        path_s = await whole_path(spark, dsn, args.path_rows) if args.path_rows else 0.0
     finally:
         spark.stop()
+        if cluster is not None:
+            cluster.stop()
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
 
@@ -164,9 +189,11 @@ async def main() -> None:
     print("| mode | median rows/s | min–max rows/s | median ratio to plain append |")
     print("|---|---:|---:|---:|")
     for mode, values in rates.items():
-        ratios = [v / p for v, p in zip(values, rates["plain"], strict=True)]
+        ratios = [v / p for v, p in zip(values, rates.get("plain", values), strict=True)]
         print(f"| {mode} | {statistics.median(values):,.0f} | {min(values):,.0f}–"
               f"{max(values):,.0f} | {statistics.median(ratios):.2f} |")
+    if not args.path_rows:
+        return
     print(f"\nwhole path, staged write of {args.path_rows:,} rows with one relay running, job "
           f"start to last message consumed: {path_s:.1f}s "
           f"({args.path_rows / path_s:,.0f} msg/s end to end)")

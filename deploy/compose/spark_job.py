@@ -1,7 +1,7 @@
 """Demo Spark job: derive one event per generated order and write them to the outbox.
 
 Runs with plain `python` in the spark image (local Spark). Uses relay.spark's public API:
-session() and write_outbox(); ids come from outbox_id(), so a re-run inserts nothing new.
+session() and write_outbox(); ids come from the event's key, so a re-run inserts nothing new.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from pyspark.sql import functions as F
-from relay.spark import outbox_id, session, write_outbox
+from relay.spark import session, write_outbox
 
 
 def main() -> None:
@@ -23,14 +23,14 @@ def main() -> None:
         (F.rand(seed=7) * 100).cast("decimal(10,2)").alias("amount"),
     )
     events = orders.select(
-        outbox_id(F.lit("order.created"), F.col("order_id").cast("string")).alias("id"),
+        F.col("order_id"),
         F.lit("demo.events").alias("exchange"),
         F.lit("order.created").alias("routing_key"),
         F.struct("order_id", "amount").alias("content"),
     )
-    # copy mode: idempotent with INSERT-only rights (staged mode would need CREATE for its
-    # staging table, which the producer role does not have).
-    write_outbox(events, mode="copy")
+    # Staged mode (atomic, idempotent) as the Spark writer role; order_id is the event's key
+    # (id = outbox_id(routing_key, order_id)) and is not written as a column.
+    write_outbox(events, key=["routing_key", "order_id"])
     print(f"wrote {args.rows} events", flush=True)
     spark.stop()
 

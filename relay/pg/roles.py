@@ -13,6 +13,7 @@ from relay.pg.store import DB_ERRORS
 
 DEFAULT_PRODUCER_ROLE = "outbox_producer"
 DEFAULT_RELAY_ROLE = "outbox_relay"
+DEFAULT_SPARK_ROLE = "outbox_spark_writer"
 _ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -20,13 +21,18 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def roles_sql(names: TableNames, producer_role: str, relay_role: str) -> str:
-    """sql/roles.sql rendered for one outbox table and two role names."""
-    for role in (producer_role, relay_role):
+def roles_sql(
+    names: TableNames, producer_role: str, relay_role: str,
+    spark_role: str = DEFAULT_SPARK_ROLE,
+) -> str:
+    """sql/roles.sql rendered for one outbox table and its role names."""
+    for role in (producer_role, relay_role, spark_role):
         if not _ROLE_RE.match(role):
             raise ConfigError(f"role name {role!r}: must be an identifier (letters, digits, _)")
     if producer_role == relay_role:
         raise ConfigError("the producer and relay roles must differ")
+    if spark_role in (producer_role, relay_role):
+        raise ConfigError("the Spark writer role must differ from the producer and relay roles")
     text = names.render((sql_dir() / "roles.sql").read_text(encoding="utf-8"))
     relays = names.placeholders()["relays"]
     extra = {
@@ -34,16 +40,19 @@ def roles_sql(names: TableNames, producer_role: str, relay_role: str) -> str:
         "relay_role": quote_ident(relay_role),
         "producer_role_literal": _literal(producer_role),
         "relay_role_literal": _literal(relay_role),
+        "spark_role": quote_ident(spark_role),
+        "spark_role_literal": _literal(spark_role),
         "relays_literal": _literal(relays),
     }
     return re.sub(r"\{(\w+)\}", lambda m: extra.get(m.group(1), m.group(0)), text)
 
 
 async def apply_roles(
-    conn: asyncpg.Connection, names: TableNames, producer_role: str, relay_role: str
+    conn: asyncpg.Connection, names: TableNames, producer_role: str, relay_role: str,
+    spark_role: str = DEFAULT_SPARK_ROLE,
 ) -> None:
     """Create the roles when missing and grant them their privileges, in one transaction."""
-    script = roles_sql(names, producer_role, relay_role)
+    script = roles_sql(names, producer_role, relay_role, spark_role)
     try:
         async with conn.transaction():
             await conn.execute(script)

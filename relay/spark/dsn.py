@@ -153,7 +153,13 @@ def jdbc_target(
     application_name: str = "outbox-relay-spark",
 ) -> JdbcTarget:
     """Turn a libpq DSN or URL (or None: the PG* variables) into a JDBC target."""
-    params = libpq_params(dsn, environ)
+    return jdbc_target_of(libpq_params(dsn, environ), application_name)
+
+
+def jdbc_target_of(
+    params: Mapping[str, str], application_name: str = "outbox-relay-spark"
+) -> JdbcTarget:
+    """The JDBC target of libpq keywords already resolved (see `libpq_params`)."""
     hosts = (params.get("host") or "").split(",")
     ports = (params.get("port") or "").split(",")
     specs = []
@@ -173,3 +179,31 @@ def jdbc_target(
         f"?{urlencode(query)}"
     )
     return JdbcTarget(url=url, user=params["user"], password=params.get("password"))
+
+
+def is_loopback(host: str) -> bool:
+    """True for a host that names the machine it is read on: none, a unix socket directory,
+    localhost or a loopback address. On an executor that is the executor itself."""
+    name = host.strip().strip("[]").lower()
+    return (
+        not name
+        or name.startswith(("/", "@"))
+        or name == "localhost"
+        or name.startswith("127.")
+        or name == "::1"
+    )
+
+
+def loopback_hosts(params: Mapping[str, str]) -> list[str]:
+    """The hosts of resolved libpq keywords that are loopback (see `is_loopback`)."""
+    return [h or "(none)" for h in (params.get("host") or "").split(",") if is_loopback(h)]
+
+
+def conninfo(params: Mapping[str, str]) -> str:
+    """A libpq `key='value'` string spelling out every resolved keyword, so a process that
+    reads it (an executor) needs no PG* variables of its own."""
+
+    def quoted(value: str) -> str:
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return " ".join(f"{key}={quoted(value)}" for key, value in params.items())

@@ -7,12 +7,13 @@ first bad value (null, invalid JSON text, malformed id) in one Spark pass.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from relay.spark.errors import OutboxColumnError
 from relay.spark.ids import outbox_id
+from relay.spark.typemap import json_invalid, pg_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -33,9 +34,14 @@ class Prepared:
     """The DataFrame to write (columns in table names, JSON as text) and its value checks."""
 
     df: DataFrame
+    #: Outbox columns written (the DataFrame may carry extra_columns besides).
     columns: list[str]
     #: (column, condition true for a bad row, what is wrong)
     checks: list[tuple[str, Column, str]] = field(default_factory=list)
+    #: Staged-only sort columns that are not outbox columns: name -> PostgreSQL type.
+    extra_columns: dict[str, str] = field(default_factory=dict)
+    #: The merge's sort order after ordering_key (staged names).
+    order_by: list[str] = field(default_factory=list)
 
 
 def _type_name(dtype: object) -> str:
@@ -70,11 +76,10 @@ def _shape_column(df: DataFrame, col: str, prepared: Prepared) -> DataFrame:
     c = F.col(col)
     if col in JSON_COLUMNS:
         if isinstance(dtype, T.StringType):
-            prepared.checks.append(
-                (col, c.isNotNull() & F.expr(f"try_parse_json(`{col}`)").isNull(),
-                 "is not valid JSON")
-            )
-        elif isinstance(dtype, T.StructType | T.MapType | T.ArrayType | T.VariantType):
+            prepared.checks.append((col, json_invalid(col), "is not valid JSON"))
+        elif isinstance(dtype, T.StructType | T.MapType | T.ArrayType) or (
+            type(dtype).__name__ == "VariantType"  # Spark 4
+        ):
             df = df.withColumn(col, F.to_json(c))
         else:
             raise OutboxColumnError(
@@ -97,6 +102,40 @@ def _shape_column(df: DataFrame, col: str, prepared: Prepared) -> DataFrame:
     return df
 
 
+def _key_id(df: DataFrame, key: Sequence[str]) -> DataFrame:
+    """Add `id = outbox_id(key columns)`; the key must name existing columns, and no `id`."""
+    missing = [k for k in key if k not in df.columns]
+    if missing:
+        raise OutboxColumnError(
+            f"key column(s) {missing} not in the DataFrame (it has {df.columns})"
+        )
+    if "id" in df.columns:
+        raise OutboxColumnError(
+            "the DataFrame has an 'id' column and key= was given: use one or the other"
+        )
+    return df.withColumn("id", outbox_id(*key))
+
+
+def _order_columns(
+    df: DataFrame, order_by: Sequence[str], table_columns: Mapping[str, str],
+    prepared: Prepared,
+) -> DataFrame:
+    """Name the merge's sort columns; a non-outbox column is staged as `relay_order_<i>`."""
+    for i, col in enumerate(order_by):
+        if col not in df.columns:
+            raise OutboxColumnError(
+                f"order_by column {col!r} not in the DataFrame (it has {df.columns})"
+            )
+        if col in table_columns and col not in MANAGED:
+            prepared.order_by.append(col)
+            continue
+        name = f"relay_order_{i}"
+        prepared.extra_columns[name] = pg_type(df.schema[col].dataType, col)
+        prepared.order_by.append(name)
+        df = df.withColumn(name, df[col])
+    return df
+
+
 def prepare(
     df: DataFrame,
     *,
@@ -104,16 +143,21 @@ def prepare(
     table_columns: Mapping[str, str],
     exchange: str | None = None,
     routing_key: str | None = None,
-    num_partitions: int | None = None,
-    write_token: str,
+    key: Sequence[str] | None = None,
+    ids: str | None = None,
+    order_by: Sequence[str] = (),
+    idempotent: bool = True,
 ) -> Prepared:
     """Validate column names and types (no Spark job) and return the DataFrame to write.
 
-    Without an `id` column, ids are derived from `write_token` and each row's position in its
-    partition: a retried task writes the same ids again, which ON CONFLICT then skips.
+    Ids come from `key` (outbox_id of those columns) or an `id` column: both are the same
+    whatever order or partition a row is computed in, so a retried task, a recomputed stage
+    or a re-run writes the same ids. `ids="random"` lets the table draw them (not retry-safe).
     """
     from pyspark.sql import functions as F
 
+    if ids not in (None, "random"):
+        raise OutboxColumnError(f"ids={ids!r}: the only accepted value is 'random'")
     for name, value in (("exchange", exchange), ("routing_key", routing_key)):
         if value is None:
             continue
@@ -122,20 +166,26 @@ def prepare(
                 f"column {name!r} is given twice: as a DataFrame column and as an argument"
             )
         df = df.withColumn(name, F.lit(value))
-    _check_names(df, table, table_columns)
-    prepared = Prepared(df=df, columns=[])
-    for col in df.columns:
-        df = _shape_column(df, col, prepared)
-    if num_partitions is not None:
-        current = df.rdd.getNumPartitions()
-        df = df.coalesce(num_partitions) if current > num_partitions else (
-            df.repartition(num_partitions) if current < num_partitions else df
+    passthrough = {c for c in (*(key or ()), *order_by)
+                   if c not in table_columns or c in MANAGED}
+    outbox = [c for c in df.columns if c not in passthrough]
+    _check_names(df.select(*outbox), table, table_columns)
+    if ids == "random" and (key or "id" in df.columns):
+        raise OutboxColumnError("ids='random' cannot be combined with key= or an 'id' column")
+    if key:
+        df = _key_id(df, key)
+        outbox = [*outbox, "id"]
+    elif "id" not in df.columns and idempotent and ids != "random":
+        raise OutboxColumnError(
+            "no ids: give key=[columns of the event's natural key] (id = outbox_id(key)) or an "
+            "'id' column; ids='random' opts out (a retried task or a re-run then duplicates)"
         )
-    if "id" not in df.columns:
-        # After any repartition, so the position is that of the partitions actually written.
-        df = df.withColumn("id", outbox_id(F.lit(write_token), F.monotonically_increasing_id()))
+    prepared = Prepared(df=df, columns=outbox)
+    df = _order_columns(df, order_by, table_columns, prepared)
+    df = df.select(*outbox, *prepared.extra_columns)
+    for col in outbox:
+        df = _shape_column(df, col, prepared)
     prepared.df = df
-    prepared.columns = list(df.columns)
     return prepared
 
 

@@ -1,13 +1,15 @@
-"""A SparkSession with the PostgreSQL JDBC driver on its class path."""
+"""A SparkSession with the PostgreSQL JDBC driver, added to what the cluster configured."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relay.spark.config import load_settings
+from relay.spark.dsn import JDBC_DRIVER_CLASS
 from relay.spark.errors import JdbcDriverNotFound
 
 if TYPE_CHECKING:
@@ -15,11 +17,17 @@ if TYPE_CHECKING:
 
 #: Where Debian's libpostgresql-jdbc-java puts the driver.
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
+#: The Maven coordinates of the driver (for spark.jars.packages / --packages).
+JDBC_PACKAGE = "org.postgresql:postgresql"
 
 _HOW_TO_FIX = (
     "Install it with `apt-get install libpostgresql-jdbc-java` (it lands at "
     f"{DEBIAN_JDBC_JAR}), or set RELAY_SPARK_JDBC_JAR to the path of a postgresql-*.jar, "
     "or pass spark.jars yourself."
+)
+_HOW_TO_SUBMIT = (
+    f"spark-submit started the driver without it: add `--jars {DEBIAN_JDBC_JAR}` (any "
+    f"postgresql-*.jar) or `--packages {JDBC_PACKAGE}:<version>` to the spark-submit command."
 )
 
 
@@ -48,28 +56,116 @@ def jdbc_jar(spark_jars: str | None = None) -> str:
     )
 
 
+def driver_configured(conf: Mapping[str, str]) -> bool:
+    """True when the Spark configuration already brings the driver: a postgresql jar in
+    spark.jars or a class path setting, or the Maven package in spark.jars.packages."""
+    return (
+        JDBC_PACKAGE in conf.get("spark.jars.packages", "")
+        or any(
+            _has_postgres_jar(conf.get(key))
+            for key in ("spark.jars", "spark.driver.extraClassPath",
+                        "spark.executor.extraClassPath")
+        )
+    )
+
+
+def spark_defaults(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """spark-defaults.conf of SPARK_CONF_DIR, else of SPARK_HOME/conf (pyspark's own folder
+    when SPARK_HOME is unset): what spark-submit would read."""
+    env = os.environ if environ is None else environ
+    conf_dir = env.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        home = env.get("SPARK_HOME")
+        if not home:
+            import pyspark
+
+            home = str(Path(pyspark.__file__).parent)
+        conf_dir = str(Path(home) / "conf")
+    path = Path(conf_dir) / "spark-defaults.conf"
+    values: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            parts = line.strip().split(None, 1)
+            if len(parts) == 2 and not parts[0].startswith("#"):
+                values[parts[0]] = parts[1].strip()
+    return values
+
+
+def under_spark_submit() -> bool:
+    """True in a Python driver that spark-submit (or a platform) started: its JVM and
+    configuration exist already."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _submitted_conf() -> dict[str, str]:
+    """The configuration spark-submit gave the running JVM (its args and spark-defaults)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to the JVM spark-submit started
+    return {str(k): str(v) for k, v in SparkConf().getAll()}
+
+
+def _driver_on_class_path() -> bool:
+    """True when the running driver JVM can load the JDBC driver (a platform's own copy)."""
+    from pyspark import SparkContext
+
+    jvm: Any = SparkContext._jvm
+    try:
+        jvm.java.lang.Class.forName(JDBC_DRIVER_CLASS)
+    except Exception:  # py4j raises Py4JJavaError(ClassNotFoundException)
+        return False
+    return True
+
+
 def session(app_name: str = "outbox-job", master: str | None = None, **conf: Any) -> SparkSession:
-    """A SparkSession (local[*] when no master is given and not under spark-submit) with the
-    JDBC driver on its class path. `conf` holds Spark settings: `**{"spark.x.y": "v"}`."""
+    """A SparkSession with the JDBC driver, configured around what is already there.
+
+    Under spark-submit the submitted configuration is left alone (the driver must come with
+    it: --jars, --packages or the platform's class path). Otherwise spark-defaults.conf and
+    `conf` are kept, the jar is appended to spark.jars, the master is `master`, else the one
+    spark-defaults names, else local[*]; a local master also gets PYSPARK_PYTHON (this
+    interpreter) and SPARK_LOCAL_IP=127.0.0.1 when unset. `conf`: `**{"spark.x.y": "v"}`.
+    """
     from pyspark.sql import SparkSession
 
-    # Local workers must run the driver's interpreter (the one with relay and psycopg), and
-    # binding to the loopback avoids a hostname lookup warning on machines like CI runners.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
-    if not under_submit and (master is None or master.startswith("local")):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-
-    jars = conf.pop("spark.jars", None)
-    jar = jdbc_jar(jars)
-    jars = jar if not jars else (jars if jar in jars else f"{jars},{jar}")
-
-    builder = SparkSession.builder.appName(app_name).config("spark.jars", jars)
+    settings = {str(k): str(v) for k, v in conf.items()}
+    builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    elif not under_submit:
-        builder = builder.master("local[*]")
+    if under_spark_submit():
+        submitted = _submitted_conf() | settings
+        if not driver_configured(submitted) and not _driver_on_class_path():
+            raise JdbcDriverNotFound(f"the PostgreSQL JDBC driver is not loaded. {_HOW_TO_SUBMIT}")
+    else:
+        merged = spark_defaults() | settings
+        effective = master or merged.get("spark.master") or "local[*]"
+        if master is None and "spark.master" not in merged:
+            builder = builder.master(effective)
+        if effective.startswith("local"):
+            # Local workers must run the driver's interpreter (the one with relay installed);
+            # the loopback avoids a host name lookup warning on machines like CI runners.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if not driver_configured(merged) or load_settings().spark_jdbc_jar:
+            jars = merged.get("spark.jars", "")
+            jar = jdbc_jar()
+            settings["spark.jars"] = jar if not jars else (
+                jars if jar in jars.split(",") else f"{jars},{jar}"
+            )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
-    for key, value in conf.items():
-        builder = builder.config(key, str(value))
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def master_is_local(master: str) -> bool:
+    """True when every executor of `master` runs on this machine: local[...], or a standalone
+    master on a loopback address (whose workers a test or a laptop runs here)."""
+    from relay.spark.dsn import is_loopback
+
+    if master.startswith("local"):
+        return True
+    if master.startswith("spark://"):
+        hosts = [spec.rsplit(":", 1)[0] for spec in master[len("spark://"):].split(",")]
+        return all(is_loopback(h) and h for h in hosts)
+    return False

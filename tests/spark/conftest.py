@@ -35,3 +35,15 @@ def spark() -> Iterator[Any]:
     s.sparkContext.setLogLevel("ERROR")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone master and one worker (2 cores) on 127.0.0.1, stopped at the end."""
+    from tests.spark.standalone import Standalone
+
+    cluster = Standalone(tmp_path_factory.mktemp("standalone"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

@@ -214,9 +214,10 @@ async def test_write_outbox__invalid_frame_fails_naming_the_column_and_writes_no
     spark: Any, db: str, case: int
 ) -> None:
     what, df, message = _bad_frames(spark)[case]
+    ids = None if "id" in df.columns else "random"
     for mode in ("staged", "append"):
         with pytest.raises(OutboxColumnError) as info:
-            write_outbox(df, dsn=db, mode=mode)
+            write_outbox(df, dsn=db, mode=mode, ids=ids)
         assert message in str(info.value), what
     assert await count_rows(db) == 0
 
@@ -251,7 +252,7 @@ async def test_write_outbox__string_json_and_options_reach_the_table_as_jsonb(
     df = spark.createDataFrame(rows, "exchange string, routing_key string, content string, "
                                      "options string")
 
-    write_outbox(df, dsn=db, mode="copy")
+    write_outbox(df, dsn=db, mode="copy", ids="random")
 
     conn = await asyncpg.connect(db)
     try:

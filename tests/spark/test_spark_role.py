@@ -1,0 +1,102 @@
+"""Every write mode runs as a login in the Spark writer role of sql/roles.sql, which can
+neither read content nor change rows."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from relay.errors import ConfigError
+from relay.pg.queries import TableNames
+from relay.pg.roles import apply_roles
+from relay.spark import cleanup_staging, python_outbox_id, write_outbox
+
+pytestmark = pytest.mark.spark
+
+
+def as_user(dsn: str, user: str) -> str:
+    """The same DSN with another user (the test server trusts local connections)."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rsplit('@', 1)[-1]}"))
+
+
+@pytest.fixture
+async def spark_login(db: str) -> AsyncIterator[str]:
+    """A LOGIN user in a Spark writer role granted by sql/roles.sql (names unique to the
+    test); DSN as that user. Roles are cluster-wide: dropped at the end."""
+    tag = secrets.token_hex(3)
+    producer, relay, spark, login = (f"t_{n}_{tag}" for n in ("prod", "relay", "spark", "job"))
+    admin = await asyncpg.connect(db)
+    try:
+        await apply_roles(admin, TableNames(None, "queue_message", "queue_message_notify"),
+                          producer, relay, spark)
+        await admin.execute(f"CREATE ROLE {login} LOGIN IN ROLE {spark}")
+        yield as_user(db, login)
+    finally:
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            f"WHERE usename = '{login}'")
+        for role in (login, spark, relay, producer):
+            await admin.execute(f"DROP OWNED BY {role}")
+            await admin.execute(f"DROP ROLE {role}")
+        await admin.close()
+
+
+def frame(spark: Any, n: int) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(0, n, numPartitions=2).select(
+        F.lit("x").alias("exchange"), F.lit("rk").alias("routing_key"),
+        F.col("id").alias("order_id"), F.struct(F.col("id").alias("n")).alias("content"),
+        F.format_string("k%d", F.col("id") % 3).alias("ordering_key"),
+    )
+
+
+async def test_spark_role__idempotent_modes_write_and_skip_a_rerun(
+    spark: Any, db: str, spark_login: str
+) -> None:
+    df = frame(spark, 300)
+    staged = write_outbox(df, dsn=spark_login, mode="staged", key=["order_id"],
+                          order_by=["order_id"])
+    copy = write_outbox(df, dsn=spark_login, mode="copy", key=["order_id"])
+    assert cleanup_staging(dsn=spark_login) == []
+
+    assert staged.inserted == 300
+    assert copy.inserted == 0  # the same ids, already there
+    conn = await asyncpg.connect(db)
+    try:
+        ids = {r[0] for r in await conn.fetch("SELECT id::text FROM queue_message")}
+    finally:
+        await conn.close()
+    assert ids == {str(python_outbox_id(n)) for n in range(300)}
+
+
+async def test_spark_role__append_is_refused_before_writing_for_lack_of_select(
+    spark: Any, db: str, spark_login: str
+) -> None:
+    with pytest.raises(ConfigError, match="append mode needs SELECT"):
+        write_outbox(frame(spark, 10), dsn=spark_login, mode="append", key=["order_id"])
+    conn = await asyncpg.connect(db)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM queue_message") == 0
+    finally:
+        await conn.close()
+
+
+async def test_spark_role__cannot_read_content_or_change_rows(
+    spark: Any, db: str, spark_login: str
+) -> None:
+    write_outbox(frame(spark, 3), dsn=spark_login, key=["order_id"])
+    conn = await asyncpg.connect(spark_login)
+    try:
+        for sql in ("SELECT content FROM queue_message", "DELETE FROM queue_message",
+                    "UPDATE queue_message SET attempts = 1", "SELECT * FROM queue_message_dead"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(sql)
+        assert await conn.fetchval("SELECT count(id) FROM queue_message") == 3
+    finally:
+        await conn.close()
