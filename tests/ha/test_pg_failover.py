@@ -18,7 +18,7 @@ from tests.chaos.harness import RobustConsumer, fresh_ids, insert_with_ids, rela
 from tests.ha.pgpair import PrimaryStandby
 from tests.helpers import RELAY_BIN, Env, count_rows, wait_until
 
-pytestmark = pytest.mark.ha
+pytestmark = [pytest.mark.ha, pytest.mark.timeout(600)]
 
 ROWS = int(os.environ.get("RELAY_TEST_HA_ROWS", "30000"))
 RECONNECT_MAX_S = 1.0
