@@ -9,9 +9,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -31,6 +29,9 @@ from tests.helpers import Env, RelayProcess, wait_until
 
 pytestmark = [
     pytest.mark.ha,
+    # Three Erlang VMs start, cluster and stop: more than the suite's default per-test bound on a
+    # loaded machine (a run on 2 busy cores took 3.5 min; see docs/operations.md).
+    pytest.mark.timeout(600),
     pytest.mark.skipif(
         find_spec("relay.amqp.nodes") is None,
         reason="needs RELAY_AMQP_URL address lists (relay/amqp/nodes.py), not on this branch",
@@ -41,25 +42,8 @@ pytestmark = [
 # are done), so that rows flow while each node stops. CI runs the default; the 100,000 of the
 # scenario run with RELAY_TEST_HA_ROWS=100000 (docs/operations.md quotes both).
 ROWS = int(os.environ.get("RELAY_TEST_HA_ROWS", "30000"))
-PRODUCE_S, CHUNK = 60.0, 1000
+PRODUCE_S, CHUNK = 30.0, 1000
 BATCH_SIZE, CONCURRENCY, RELAYS = 200, 2, 2
-
-
-@dataclass
-class ClusterConsumer(RobustConsumer):
-    """A RobustConsumer that also tells first deliveries from broker redeliveries.
-
-    A message redelivered by the broker (its consumer's node stopped before the ack) is the
-    consumer's duplicate; a second first delivery of an id is a message the relay published
-    twice.
-    """
-
-    first_deliveries: Counter[str] = field(default_factory=Counter)
-
-    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        if not message.redelivered:
-            self.first_deliveries[str(message.message_id)] += 1
-        await super()._on_message(message)
 
 
 @pytest.fixture
@@ -96,7 +80,7 @@ async def _node_of(relay: RelayProcess, cluster: RabbitCluster) -> str:
     return sorted(found)[0]
 
 
-async def _stop(nodename: str, cluster: RabbitCluster, consumers: list[ClusterConsumer],
+async def _stop(nodename: str, cluster: RabbitCluster, consumers: list[RobustConsumer],
                 procs: list[RelayProcess]) -> None:
     """Stop a node; return once rows flow again and no relay publishes through it."""
     await asyncio.to_thread(cluster.stop_node, cluster.node_named(nodename))
@@ -125,7 +109,7 @@ async def test_rabbitmq_cluster__node_of_each_relay_stopped_loses_nothing(
     env = Env(pg_dsn=db, amqp_url=",".join(cluster.urls), exchange=exchange, queue=queue)
     consumers = []
     for url in cluster.urls:  # one per node: the others carry on while one node is down
-        consumers.append(await ClusterConsumer(url, queue).start())
+        consumers.append(await RobustConsumer(url, queue).start())
     started = time.monotonic()
     producer: asyncio.Future[None] | None = None
     try:
@@ -151,17 +135,15 @@ async def test_rabbitmq_cluster__node_of_each_relay_stopped_loses_nothing(
             await wait_until(lambda: set(ids) <= {i for c in consumers for i in c.ids},
                              timeout_s=300, interval_s=0.5, what="every row delivered")
             await assert_drained(db)
-            merged = RobustConsumer(env.amqp_url, queue, ids=[i for c in consumers for i in c.ids])
-            lost, duplicates = report("rabbitmq cluster (node of each relay stopped)", ids,
-                                      merged)
-            firsts: Counter[str] = sum((c.first_deliveries for c in consumers), Counter())
-            relay_duplicates = sum(n - 1 for n in firsts.values())
+            merged = RobustConsumer(env.amqp_url, queue,
+                                    ids=[i for c in consumers for i in c.ids],
+                                    redelivered=[i for c in consumers for i in c.redelivered])
+            outcome = report("rabbitmq cluster (node of each relay stopped)", ids, merged)
             bound = len(stopped) * RELAYS * CONCURRENCY * BATCH_SIZE
-            print(f"[ha] stopped {stopped}; relay duplicates={relay_duplicates} "
-                  f"(bound {bound}), consumer redeliveries={duplicates - relay_duplicates}, "
-                  f"rows={len(ids)}, {time.monotonic() - started:.0f}s")
-            assert lost == 0
-            assert relay_duplicates <= bound
+            print(f"[ha] stopped {stopped}; relay republished={outcome.republished} "
+                  f"(bound {bound}), rows={len(ids)}, {time.monotonic() - started:.0f}s")
+            assert (outcome.lost, outcome.unexpected) == (0, 0)
+            assert outcome.republished <= bound
             assert all(p.alive() for p in group.procs)
             codes = await asyncio.gather(*(asyncio.to_thread(p.terminate, 20)
                                            for p in group.procs))
