@@ -46,7 +46,8 @@ async def test_tls__amqps_with_a_ca_file_publishes_through_a_tls_endpoint(
         user = f"{target.username}:{target.password}"
         # In a thread: the proxy runs on this test's event loop and must keep serving.
         untrusted = await asyncio.to_thread(
-            relay_cmd, env, "run", amqp_url=f"amqps://{user}@localhost:{proxy.port}/"
+            relay_cmd, env, "run", amqp_url=f"amqps://{user}@localhost:{proxy.port}/",
+            startup_timeout_s=3,  # an untrusted certificate is retried until the bound
         )
         assert untrusted.returncode != 0
         assert "certificate verify failed" in untrusted.stderr
