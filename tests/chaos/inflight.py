@@ -46,6 +46,8 @@ FROM pg_stat_activity AS a
 WHERE a.datname = current_database()
   AND a.application_name LIKE 'outbox-relay worker %'
   AND a.state = 'active'
+  -- waiting for the (frozen) client's next message: nothing runs on the server's side
+  AND a.wait_event IS DISTINCT FROM 'ClientRead'
 """
 
 
@@ -72,6 +74,7 @@ class LockProbe:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self._conn: asyncpg.Connection | None = None
+        self.last_busy: list[dict[str, object]] = []  # what kept the last sample from settling
 
     async def held(self, relay_pids: Iterable[int] | None = None,
                    settle_s: float = 0.5) -> Held | None:
@@ -91,8 +94,9 @@ class LockProbe:
                     if wanted is None or r["application_name"].rsplit(" ", 1)[-1] in wanted]
 
         deadline = time.monotonic() + settle_s
-        while mine(await self._conn.fetch(BUSY_WORKERS)):
+        while busy := mine(await self._conn.fetch(BUSY_WORKERS)):
             if time.monotonic() > deadline:
+                self.last_busy = [dict(r) for r in busy]
                 return None
             await asyncio.sleep(0.002)
         return Held({r["xid"]: int(r["rows"]) for r in mine(await self._conn.fetch(HELD_ROWS))})
@@ -172,17 +176,20 @@ class FaultTally:
 
 @contextlib.asynccontextmanager
 async def caught_holding_rows(procs: list[RelayProcess], probe: LockProbe,
-                              timeout_s: float = 15.0) -> AsyncIterator[Held]:
+                              timeout_s: float = 15.0, settle_s: float = 0.5
+                              ) -> AsyncIterator[Held]:
     """Freeze the relays at an instant they hold claimed rows and run the block (the fault)
     while they stay frozen; yields what they held. Tries every ~20 ms; after the timeout the
     block runs anyway and the sample says what it says (a fault that hit nothing)."""
     deadline = time.monotonic() + timeout_s
     while True:
         async with frozen(procs):
-            held = await probe.held([p.pid for p in procs])
+            held = await probe.held([p.pid for p in procs], settle_s)
             if held is not None and (held.in_flight or time.monotonic() > deadline):
                 yield held
                 return
             if held is None and time.monotonic() > deadline:
-                raise AssertionError("relay sessions never idle while frozen: no exact sample")
-        await asyncio.sleep(0.02)  # let them run a little, then look again
+                raise AssertionError("relay sessions never idle while frozen (no exact sample): "
+                                     f"{probe.last_busy}")
+        # Let them run a little (longer after a sample that found a query still running).
+        await asyncio.sleep(0.02 if held is not None else 0.1)

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from relay.pg.store import connect_args
@@ -79,6 +80,56 @@ async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_l
         await wait_until(lambda: _broker(group.events("connection_restored")), timeout_s=60,
                          what="connection_restored (broker)")
     await proxy.close()
+
+
+async def test_black_hole_to_rabbitmq__batches_sent_into_it_time_out_and_are_delivered_later(
+    env: Env, tmp_path: Path
+) -> None:
+    proxy = await proxy_for(env.amqp_url)
+    publish_timeout_s = 2.0
+    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
+    try:
+        # The AMQP URL without a heartbeat: aiormq's default (60 s) outlasts the test, so the
+        # relay's confirm deadline is what ends each batch sent into the black hole.
+        with relays(env, tmp_path, amqp_url=via_proxy(env.amqp_url, proxy.port),
+                    publish_timeout_s=publish_timeout_s, reconnect_max_s=2) as group:
+            relay = group.start()
+            warm = fresh_ids(1)  # the relay connects and checks the exchange (cached)
+            await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, warm)
+            await consumer.wait_all(warm, timeout_s=60)
+            proxy.black_hole()
+            ids = fresh_ids(300)
+            await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids)
+
+            async def settled_without_confirm() -> bool:
+                # Rescheduled with the reason (or, in a relay that lies, deleted).
+                left, failed = await _outbox_errors(env.pg_dsn)
+                return left == 0 or failed > 0
+
+            await wait_until(settled_without_confirm, timeout_s=publish_timeout_s * 3 + SLACK_S,
+                             what="the batch's confirm deadline")
+            assert set(consumer.ids) == set(warm), "nothing got through the black hole"
+            await proxy.restore()
+            await consumer.wait_all(ids + warm, timeout_s=60, dsn=env.pg_dsn)
+            await assert_drained(env.pg_dsn)
+            outcome = report("sent into a black hole", ids + warm, consumer)
+            # Nothing reached the broker through the hole: no message can come twice.
+            assert_exactly_delivered(ids + warm, consumer, outcome, 0)
+            assert relay.alive()
+            assert await stop_relay(relay) == 0
+    finally:
+        await consumer.stop()
+        await proxy.close()
+
+
+async def _outbox_errors(dsn: str) -> tuple[int, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            "SELECT count(*), count(*) FILTER (WHERE last_error IS NOT NULL) FROM queue_message")
+    finally:
+        await conn.close()
+    return int(row[0]), int(row[1])
 
 
 @pytest.mark.xfail(

@@ -9,6 +9,8 @@ import random
 
 import asyncpg
 
+from relay.pg.migrate import migration_files
+from relay.settings import Settings
 from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
 
 CLASSIC_SCHEMA = """
@@ -101,7 +103,8 @@ async def test_migrate__concurrent_runs_are_safe_and_idempotent(empty_db: str, e
     assert sum("already up to date" in t for t in texts) == 2
     conn = await asyncpg.connect(empty_db)
     try:
-        assert await conn.fetchval("SELECT count(*) FROM relay_migrations") >= 2
+        applied = await conn.fetchval("SELECT count(*) FROM relay_migrations")
+        assert applied == len(migration_files())
     finally:
         await conn.close()
 
@@ -142,7 +145,13 @@ async def test_replicas__three_relays_and_four_producers_deliver_every_row_exact
     await wait_until(lambda: _table_empty(env.pg_dsn), timeout_s=60, what="an empty outbox")
     await asyncio.sleep(0.5)  # let any straggling duplicate arrive before counting
     assert sorted(set(consumer.ids())) == sorted(all_ids)
-    assert consumer.duplicates() == 0
+    # At-least-once: a duplicate needs a batch lost between ack and commit, which only a fault
+    # causes (logged by the relay), and is bounded by the rows in flight.
+    faults = [e["event"] for r in relays for e in r.log_events() if e.get("level") != "info"]
+    in_flight = 200 * Settings.model_fields["concurrency"].default * len(relays)
+    print(f"\nreplicas: duplicates={consumer.duplicates()} relay warnings/errors={faults}")
+    assert consumer.duplicates() == 0 or faults, "a duplicate with no fault logged"
+    assert consumer.duplicates() <= in_flight
     assert [r.terminate() for r in relays] == [0, 0, 0]
 
 
