@@ -164,10 +164,12 @@ class Worker:
             short = claimed < self.config.batch_size and not (claimed and self._last_had_keys)
             if short and not self._wake.is_set():
                 return
-        lanes = [asyncio.ensure_future(self._lane()) for _ in range(self.config.concurrency)]
         # A lane that fails (its database connection dropped) must not cancel the others: their
         # batches may already be acked by the broker, and rolling them back would send them
-        # again. Every lane runs to its end; the first failure is raised after.
+        # again. The others finish the batch they hold, claim no more, and the first failure
+        # is raised once they have.
+        failed = asyncio.Event()
+        lanes = [asyncio.ensure_future(self._lane(failed)) for _ in range(self.config.concurrency)]
         try:
             outcomes = await asyncio.gather(*lanes, return_exceptions=True)
         except asyncio.CancelledError:
@@ -179,8 +181,15 @@ class Worker:
             if isinstance(outcome, BaseException):
                 raise outcome
 
-    async def _lane(self) -> None:
-        while not self.stopping:
+    async def _lane(self, failed: asyncio.Event) -> None:
+        try:
+            await self._lane_batches(failed)
+        except Exception:
+            failed.set()
+            raise
+
+    async def _lane_batches(self, failed: asyncio.Event) -> None:
+        while not self.stopping and not failed.is_set():
             if not self.publisher.ready:
                 await self._wait_broker()
                 if self.stopping:

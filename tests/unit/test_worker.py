@@ -120,3 +120,24 @@ async def test_run_batch__a_publish_crash_is_pinned_on_the_row_that_causes_it() 
     assert sorted(store.deleted) == ["id-0", "id-2", "id-3"]
     assert [d[0] for d in store.dead] == ["id-1"]
     assert store.dead[0][1].startswith("internal: publishing failed")
+
+
+async def test_drain__after_a_lane_fails_the_others_claim_no_new_batch() -> None:
+    """The failure surfaces after the batches in flight, not after the whole backlog: the
+    loop backs off and reports the outage (liveness, /healthz) while rows keep coming."""
+    store, pub = FakeStore(rows(200)), FakePublisher()
+    worker = Worker(store, pub, WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30))
+    real_claim = store.claim
+
+    def claim(limit: int):  # type: ignore[no-untyped-def]
+        if store.claims == 2:  # a lane's claim fails once; the database is fine after
+            store.claims += 1
+            raise DatabaseError("connection lost")
+        return real_claim(limit)
+
+    store.claim = claim  # type: ignore[method-assign]
+    with pytest.raises(DatabaseError):
+        await asyncio.wait_for(worker.drain(), timeout=5)
+    # the sweep's batch, then at most one more batch per surviving lane
+    assert len(store.deleted) <= 10 * 3
+    assert len(store.rows) >= 170
