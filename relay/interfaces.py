@@ -42,6 +42,7 @@ class Message:
     body: bytes
     properties: Properties
     mandatory: bool
+    checked: bool = False  # built by the publisher's encoder: known encodable
 
 
 class Reason(StrEnum):

@@ -11,7 +11,7 @@ channel or, for a frame the broker cannot parse, the whole connection.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pamqp import commands as spec
@@ -80,6 +80,10 @@ class Encoder:
     max_message_bytes: int = 16 * 1024 * 1024
     frame_max: int = DEFAULT_FRAME_MAX
     broker_user: str | None = None  # RabbitMQ refuses any other user_id
+    _routes: dict[tuple[str, str, bool], Fault | None] = field(default_factory=dict, repr=False)
+    # (id(Properties), id length) -> (the object, kept alive so its id is not reused; verdict)
+    _props: dict[tuple[int, int], tuple[Properties, Fault | None]] = field(
+        default_factory=dict, repr=False)
 
     def build(self, row: OutboxRow) -> Message | Fault:
         """The row's message, or the reason it can never be published as it is."""
@@ -99,11 +103,38 @@ class Encoder:
         mandatory = self.mandatory if props.mandatory is None else props.mandatory
         # A NULL routing key (classic tables allow it) means the empty key, as in amqplib.
         message = Message(row.id, row.exchange, row.routing_key or "", body, props, mandatory)
-        return self.check(message) or message
+        fault = self.check(message)
+        if fault is not None:
+            return fault
+        message.checked = True
+        return message
 
     def check(self, message: Message) -> Fault | None:
-        """Why the broker would refuse this message's method or header frame, if it would."""
-        fault = _check_route(message) or _check_properties(message.properties, self.broker_user)
+        """Why the broker would refuse this message's method or header frame, if it would.
+
+        Cached per destination and per property set (rows of one producer share both), so a
+        batch pays pamqp's encoding once per kind of row, not once per row.
+        """
+        route = (message.exchange, message.routing_key, message.mandatory)
+        if route not in self._routes:
+            if len(self._routes) > 10_000:
+                self._routes.clear()
+            self._routes[route] = _check_route(message)
+        fault = self._routes[route]
+        if fault is not None:
+            return fault
+        p = message.properties
+        key = (id(p), len(message.id.encode()))
+        cached = self._props.get(key)
+        if cached is None or cached[0] is not p:
+            if len(self._props) > 4096:
+                self._props.clear()
+            cached = (p, self._check_properties(message))
+            self._props[key] = cached
+        return cached[1]
+
+    def _check_properties(self, message: Message) -> Fault | None:
+        fault = _check_properties(message.properties, self.broker_user)
         if fault is not None:
             return fault
         try:
