@@ -89,17 +89,16 @@ EXCEPTION WHEN duplicate_object OR unique_violation THEN
 END $$;
 
 GRANT USAGE, CREATE ON SCHEMA {schema} TO {spark_role};
-GRANT INSERT ON {table} TO {spark_role};
+-- The producer's columns (never seq, attempts, created_at, last_error); REVOKE first, so that
+-- re-running replaces a table-wide grant.
+REVOKE INSERT ON {table} FROM {spark_role};
+GRANT INSERT (id, exchange, routing_key, content, options, ordering_key, available_at)
+    ON {table} TO {spark_role};
 GRANT SELECT (id) ON {table} TO {spark_role};
 GRANT SELECT (id) ON {archive} TO {spark_role};
 
 DO $$
-DECLARE
-    seq_name text := pg_get_serial_sequence({table_literal}, 'seq');
 BEGIN
-    IF seq_name IS NOT NULL THEN
-        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', seq_name, {spark_role_literal});
-    END IF;
     EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO %I', current_database(),
                    {spark_role_literal});
 END $$
