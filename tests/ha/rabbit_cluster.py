@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.servers.rabbitmq_node import RabbitNode
+from tests.servers.rabbitmq_node import RabbitNode, _tool
 
 
 class RabbitCluster:
@@ -29,6 +30,17 @@ class RabbitCluster:
         """Start a stopped node's application again (it rejoins its cluster)."""
         node.start_app()
         self.stopped.discard(node.nodename)
+
+    def quorum_safe_to_stop(self, node: RabbitNode) -> bool:
+        """No quorum queue would lose its majority if `node` stopped now (a member that has
+        just come back may still be catching up)."""
+        out = subprocess.run(
+            [*node._as_user(), _tool("rabbitmq-queues"), "-n", node.nodename,
+             "check_if_node_is_quorum_critical"],
+            env=node._env(), capture_output=True, text=True, timeout=120, check=False,
+            cwd=node.root,
+        )
+        return out.returncode == 0
 
     def running(self) -> list[RabbitNode]:
         """The nodes whose application runs."""

@@ -82,13 +82,18 @@ async def _node_of(relay: RelayProcess, cluster: RabbitCluster) -> str:
 
 async def _stop(nodename: str, cluster: RabbitCluster, consumers: list[RobustConsumer],
                 procs: list[RelayProcess]) -> None:
-    """Stop a node; return once rows flow again and no relay publishes through it."""
-    await asyncio.to_thread(cluster.stop_node, cluster.node_named(nodename))
+    """Stop a node; return once rows flow again and no relay publishes through it; then start
+    it again (one node down at a time: the quorum queue keeps its majority)."""
+    node = cluster.node_named(nodename)
+    await wait_until(lambda: asyncio.to_thread(cluster.quorum_safe_to_stop, node),
+                     timeout_s=120, interval_s=1, what=f"{nodename} not quorum-critical")
+    await asyncio.to_thread(cluster.stop_node, node)
     received = sum(len(c.ids) for c in consumers)
     await wait_until(lambda: sum(len(c.ids) for c in consumers) > received, timeout_s=60,
                      what=f"deliveries with {nodename} stopped")
     for relay in procs:
         assert nodename not in await _node_of(relay, cluster)
+    await asyncio.to_thread(cluster.start_node, node)
 
 
 async def _produce(dsn: str, exchange: str, ids: list[str], done: asyncio.Event) -> None:
@@ -126,8 +131,6 @@ async def test_rabbitmq_cluster__node_of_each_relay_stopped_loses_nothing(
             await _stop(first_node, cluster, consumers, group.procs)
             stopped = [first_node]
             if second_node != first_node:
-                # One node down at a time: the quorum queue keeps its majority.
-                await asyncio.to_thread(cluster.start_node, cluster.node_named(first_node))
                 await _stop(second_node, cluster, consumers, group.procs)
                 stopped.append(second_node)
             stops_done.set()
