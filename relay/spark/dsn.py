@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import getpass
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
+
+from relay.dsn import parse as parse_dsn
 
 # libpq environment variables that fill keywords the DSN leaves out, as libpq itself does.
 _ENV = {
@@ -47,69 +48,11 @@ _FIXED_PARAMS = {"stringtype": "unspecified", "reWriteBatchedInserts": "true"}
 JDBC_DRIVER_CLASS = "org.postgresql.Driver"
 LOOPBACK = "127.0.0.1"
 
-_KV = re.compile(r"\s*(\w+)\s*=\s*('(?:[^'\\]|\\.)*'|\S*)")
-
-
-def _parse_keywords(dsn: str) -> dict[str, str]:
-    """Parse `key=value key='quoted value'` as libpq does."""
-    params: dict[str, str] = {}
-    pos = 0
-    text = dsn.strip()
-    while pos < len(text):
-        match = _KV.match(text, pos)
-        if not match:
-            raise ValueError("not a libpq DSN: expected key=value pairs")
-        key, value = match.group(1), match.group(2)
-        if value.startswith("'"):
-            value = re.sub(r"\\(.)", r"\1", value[1:-1])
-        params[key] = value
-        pos = match.end()
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-    return params
-
-
-def _parse_url(dsn: str) -> dict[str, str]:
-    """Parse postgresql://user:password@host:port,host2:port2/dbname?key=value."""
-    parts = urlsplit(dsn)
-    if parts.scheme not in {"postgresql", "postgres"}:
-        raise ValueError("not a PostgreSQL URL: expected postgresql:// or postgres://")
-    params: dict[str, str] = {}
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, netloc = netloc.rsplit("@", 1)
-        user, _, password = userinfo.partition(":")
-        if user:
-            params["user"] = unquote(user)
-        if password:
-            params["password"] = unquote(password)
-    hosts, ports = [], []
-    for spec in netloc.split(",") if netloc else []:
-        # [v6addr]:port or host:port
-        match = re.fullmatch(r"(\[[^\]]*\]|[^:]*)(?::(\d*))?", spec)
-        if not match:
-            raise ValueError("not a PostgreSQL URL: bad host list")
-        hosts.append(unquote(match.group(1)))
-        ports.append(match.group(2) or "")
-    if any(hosts):
-        params["host"] = ",".join(hosts)
-    if any(ports):
-        params["port"] = ",".join(ports)
-    if parts.path.strip("/"):
-        params["dbname"] = unquote(parts.path.lstrip("/"))
-    params.update(dict(parse_qsl(parts.query, keep_blank_values=True)))
-    return params
-
-
 def libpq_params(dsn: str | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The libpq keywords a DSN means, with PG* environment variables and defaults filled in."""
     env = os.environ if environ is None else environ
-    if not dsn:
-        params: dict[str, str] = {}
-    elif "://" in dsn:
-        params = _parse_url(dsn)
-    else:
-        params = _parse_keywords(dsn)
+    # The relay's own parser (relay/dsn.py): libpq's rules, a DsnError naming any problem.
+    params: dict[str, str] = dict(parse_dsn(dsn).params) if dsn else {}
     for key, var in _ENV.items():
         if not params.get(key) and env.get(var):
             params[key] = env[var]

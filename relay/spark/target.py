@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from relay.errors import ConfigError, DatabaseError, SchemaError
+from relay.errors import DatabaseError, SchemaError
 from relay.pg.queries import TableNames
 from relay.settings import redact_url
 from relay.spark.config import load_settings
@@ -100,9 +100,6 @@ def resolve(dsn: str | None, table: str | None) -> Target:
     settings = load_settings(table=table) if table else load_settings()
     dsn = dsn if dsn is not None else settings.pg_dsn
     names = TableNames(settings.table_schema, settings.table_name, settings.notify_channel)
-    try:
-        params = libpq_params(dsn)
-    except ValueError as exc:
-        raise ConfigError(f"RELAY_PG_DSN: {exc}") from None
+    params = libpq_params(dsn)  # a bad DSN: DsnError (a ConfigError) naming the problem
     return Target(dsn=dsn, params=params, jdbc=jdbc_target_of(params), names=names,
                    sql=SparkSql(names))

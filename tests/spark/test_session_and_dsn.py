@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import relay.spark
+from relay.dsn import parse
 from relay.errors import ConfigError
-from relay.spark.dsn import _parse_keywords, conninfo, libpq_params
+from relay.spark.dsn import conninfo, libpq_params
 from relay.spark.runtime import driver_configured, master_is_local, spark_defaults
 from relay.spark.writer import check_reachable
 
@@ -53,7 +54,7 @@ def test_check_reachable__remote_database_is_fine_for_any_master() -> None:
 def test_conninfo__carries_what_pg_variables_gave_the_driver() -> None:
     environ = {"PGHOST": "db.internal", "PGPORT": "6432", "PGUSER": "spark",
                "PGPASSWORD": "it's secret", "PGSSLMODE": "require"}
-    shipped = _parse_keywords(conninfo(libpq_params("dbname=orders", environ=environ)))
+    shipped = dict(parse(conninfo(libpq_params("dbname=orders", environ=environ))).params)
     assert shipped == {"dbname": "orders", "host": "db.internal", "port": "6432",
                        "user": "spark", "password": "it's secret", "sslmode": "require"}
 

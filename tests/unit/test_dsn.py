@@ -217,3 +217,27 @@ def test_redaction__found_cases_hide_the_password(text: str, password: str) -> N
     shown = redact_url(text)
     assert password not in shown
     assert "***" in shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "host=db dbname=app user=u password='a b\\'c' sslmode=require",
+        "postgresql://u:p%2Bq@h1:5432,h2:5433/app?application_name=a+b&sslmode=verify-full",
+        "postgresql://u@h1,h2/app",
+    ],
+)
+def test_spark__reads_a_dsn_exactly_as_the_relay_does(text: str) -> None:
+    from relay.spark.dsn import libpq_params
+
+    params = libpq_params(text, environ={})
+    assert dict(dsn.parse(text).params).items() <= params.items()
+    assert conninfo_to_dict(text).items() <= params.items()
+
+
+def test_spark__a_bad_dsn_is_the_relay_s_named_error_without_the_password() -> None:
+    from relay.spark.dsn import libpq_params
+
+    with pytest.raises(dsn.DsnError) as exc:
+        libpq_params("host=db password=se cret sslrotcert=x", environ={})
+    assert "cret" not in str(exc.value)
