@@ -23,6 +23,8 @@ import asyncpg
 from tests.helpers import Env, RelayProcess, count_rows, wait_until
 from tests.proxy import TcpProxy
 
+QUIET_S = 5.0  # nothing arrives for this long while nothing is left anywhere: a loss
+
 
 @dataclass
 class RobustConsumer:
@@ -73,15 +75,35 @@ class RobustConsumer:
         return len(set(self.ids))
 
     async def wait_all(self, ids: list[str], timeout_s: float, dsn: str | None = None) -> None:
-        """Wait until every id arrived; the failure message says how many are missing."""
+        """Wait until every id arrived; the failure message says how many are missing.
+
+        With `dsn`, a loss is proven early: ids still missing while the outbox is empty, the
+        queue holds nothing and nothing arrived for QUIET_S, can no longer come.
+        """
         want = set(ids)
+        quiet = {"count": -1, "since": time.monotonic()}
+
+        async def arrived_or_lost() -> bool:
+            if want <= set(self.ids):
+                return True
+            if dsn is None:
+                return False
+            if len(self.ids) != quiet["count"]:
+                quiet.update(count=len(self.ids), since=time.monotonic())
+                return False
+            if time.monotonic() - quiet["since"] < QUIET_S:
+                return False
+            if await count_rows(dsn) == 0 and await self._queue_depth() == 0:
+                raise AssertionError("lost: outbox and queue empty")
+            return False
+
         try:
-            await wait_until(lambda: want <= set(self.ids), timeout_s=timeout_s, interval_s=0.2)
-        except AssertionError:
+            await wait_until(arrived_or_lost, timeout_s=timeout_s, interval_s=0.2)
+        except AssertionError as exc:
             depth = await self._queue_depth()
             where = await outbox_state(dsn, sorted(want - set(self.ids))) if dsn else ""
             raise AssertionError(
-                f"timed out after {timeout_s}s: {len(want - set(self.ids))} of {len(want)} "
+                f"{exc}: {len(want - set(self.ids))} of {len(want)} "
                 f"messages missing; {depth} ready in the queue; {where}"
             ) from None
 

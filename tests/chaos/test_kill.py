@@ -32,8 +32,12 @@ RATE = 800  # rows/s from the producer process, on top of the backlog
 
 async def kill_mid_batch(victim: RelayProcess, probe: LockProbe) -> Held:
     """kill -9 the victim, frozen at an instant it holds claimed rows: the rows sampled are
-    exactly what it held when it died."""
-    async with caught_holding_rows([victim], probe) as held:
+    exactly what it held when it died. A replica busy with the backlog and the producer is
+    caught within a fraction of a second; 5 s without a claim is a finding in itself."""
+    # A replica still starting (seconds on a loaded machine) holds nothing yet.
+    await wait_until(lambda: '"relay_started"' in victim.log_text(), timeout_s=60,
+                     what="the victim started")
+    async with caught_holding_rows([victim], probe, timeout_s=5) as held:
         os.kill(victim.pid, signal.SIGKILL)
         victim.kill()  # reap it
     return held
