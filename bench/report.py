@@ -205,8 +205,10 @@ def render_readme_block(report: dict[str, Any]) -> str:
                     if "big_backlog_vs_small" in r else "") + ".")
     for (md, rate), e in lat.items():
         lines.append(f"- Commit → consumer at {rate:,} commits/s ({e['connections']} producer "
-                     f"connections, `{md}`): p50 {e['p50_ms']['median']:.2f} ms, p99 "
-                     f"{e['p99_ms']['median']:.2f} ms (median of {e['p50_ms']['n']:.0f}).")
+                     f"connections, `{md}`; the producers reached "
+                     f"{e['achieved_per_s']['median']:,.0f}/s): p50 "
+                     f"{e['p50_ms']['median']:.2f} ms, p99 {e['p99_ms']['median']:.2f} ms "
+                     f"(median of {e['p50_ms']['n']:.0f}).")
     for (situation, md), e in prod.items():
         if md == "off":
             continue

@@ -293,6 +293,7 @@ async def versions() -> dict[str, str]:
     conn = await asyncpg.connect(PG_ADMIN_DSN)
     try:
         out["postgresql"] = str(await conn.fetchval("SHOW server_version"))
+        out["postgresql autovacuum"] = str(await conn.fetchval("SHOW autovacuum"))
     finally:
         await conn.close()
     amqp = await aio_pika.connect(AMQP_URL)
