@@ -78,6 +78,9 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     # aio-pika logs every reconnect attempt with a traceback; the relay logs outages itself.
     logging.getLogger("aiormq").setLevel(logging.ERROR)
     logging.getLogger("aio_pika").setLevel(logging.ERROR)
+    # Re-hook: captureWarnings(True) is a no-op once on, even if something (a test runner)
+    # replaced warnings.showwarning since.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
 
 
