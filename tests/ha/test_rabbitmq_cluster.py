@@ -37,12 +37,12 @@ pytestmark = [
         find_spec("relay.amqp.nodes") is None,
         reason="needs RELAY_AMQP_URL address lists (relay/amqp/nodes.py), not on this branch",
     ),
-    # Opt-in: on a 2-core machine under heavy load its last runs did not end (rows missing
-    # 300 s after the second node stop); the failure message says where the missing rows are.
+    # Opt-in: it takes minutes, and on a 2-core machine under heavy load two runs did not end
+    # (rows missing 300 s after the second node stop); the failure says where missing rows are.
     pytest.mark.skipif(
         os.environ.get("RELAY_TEST_HA_CLUSTER") != "1",
         reason="RabbitMQ cluster test: opt-in with RELAY_TEST_HA_CLUSTER=1 (several minutes; "
-        "its last runs here stalled after the second node stop, see docs/operations.md)",
+        "two runs under heavy load stalled after the second node stop, see docs/operations.md)",
     ),
 ]
 
