@@ -222,6 +222,9 @@ class Worker:
         plan = BatchPlan(cfg.batch_size, cfg.publish_budget_s, cfg.retry,
                          cfg.ordering_block_on_dead)
         report = await run_batch(self.store, self.publisher, plan)
+        # A batch that reached its commit is proof the database works: under a steady backlog
+        # a drain may never return, and the recovery must not wait for one that does.
+        self.db_supervisor.ok()
         rows = report.rows
         self.claimed_total += len(rows)
         if not rows:
