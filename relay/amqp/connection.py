@@ -119,7 +119,8 @@ class BrokerConnection:
             self._side = await raw.channel(publisher_confirms=False)
             for callback in self._on_open:
                 await callback(raw)
-        except (TimeoutError, *compat.BROKER_LOST, *compat.CHANNEL_GONE) as exc:
+        except (TimeoutError, RuntimeError, *compat.BROKER_LOST, *compat.CHANNEL_GONE) as exc:
+            # aio-pika raises RuntimeError for a channel on a connection that just closed.
             await self._drop()
             self.nodes.advance()
             raise BrokerUnreachable(f"opening channels on {redact_url(url)} failed: {exc}") from exc

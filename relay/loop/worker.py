@@ -194,6 +194,12 @@ class Worker:
                 await self._wait_broker()
                 if self.stopping:
                     return
+                if not self.publisher.ready:
+                    # The wait ended without a connection (a reconnect attempt raised, or the
+                    # broker dropped it again at once): claim nothing while it is away.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), timeout=0.2)
+                    continue
             claimed = await self.run_batch()
             # A keyed claim is also bounded by the keys per batch, so a short batch with keyed
             # rows does not mean the backlog is empty: only an empty claim says that.
