@@ -157,6 +157,7 @@ def run_test(mutation: Mutation, root: Path) -> tuple[bool, str, float]:
     """Run the catching test against the mutated copy; (caught, last output lines, seconds)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env["PYTHONPATH"] = str(root)  # before the editable install: relay imports from the copy
+    env["COLUMNS"] = "1000"  # -rf summary lines cut at 80 columns lose " - AssertionError..."
     for key in ("RELAY_TEST_PG_DSN", "RELAY_TEST_AMQP_URL"):
         if key in os.environ:
             env[key] = os.environ[key]
