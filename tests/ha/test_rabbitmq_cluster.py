@@ -10,7 +10,6 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from importlib.util import find_spec
 from pathlib import Path
 
 import aio_pika
@@ -33,10 +32,6 @@ pytestmark = [
     # Three Erlang VMs start, cluster and stop: more than the suite's default per-test bound on a
     # loaded machine (a run on 2 busy cores took 3.5 min; see docs/operations.md).
     pytest.mark.timeout(600),
-    pytest.mark.skipif(
-        find_spec("relay.amqp.nodes") is None,
-        reason="needs RELAY_AMQP_URL address lists (relay/amqp/nodes.py), not on this branch",
-    ),
     # Opt-in: it takes minutes, and on a 2-core machine under heavy load two runs did not end
     # (rows missing 300 s after the second node stop); the failure says where missing rows are.
     pytest.mark.skipif(
