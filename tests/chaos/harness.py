@@ -266,9 +266,11 @@ class Relays:
         for proc in self.procs:
             proc.kill()
 
-    def events(self, name: str) -> list[dict[str, Any]]:
-        """Log events of that name from every relay process of the test."""
-        return [e for p in self.procs for e in p.log_events() if e.get("event") == name]
+    def events(self, name: str, *, connection: str | None = None) -> list[dict[str, Any]]:
+        """Log events of that name from every relay process of the test; with `connection`,
+        only the supervisor's lines about that connection (database, broker, listener, ...)."""
+        return [e for p in self.procs for e in p.log_events() if e.get("event") == name
+                and (connection is None or e.get("connection") == connection)]
 
 
 @contextmanager

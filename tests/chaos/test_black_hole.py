@@ -15,7 +15,6 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
@@ -67,8 +66,9 @@ async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_l
         async with caught_holding_rows([relay], probe) as held:
             proxy.black_hole()
         tally.record(held)
-        await wait_until(lambda: _broker(group.events("connection_lost")) or not relay.alive(),
-                         timeout_s=bound_s * 2, what="connection_lost (broker)")
+        await wait_until(
+            lambda: group.events("connection_lost", connection="broker") or not relay.alive(),
+            timeout_s=bound_s * 2, what="connection_lost (broker)")
         detect_s = time.monotonic() - (proxy.black_holed_at or 0.0)
         if not relay.alive():
             raise RelayDied(f"relay exited {relay.proc and relay.proc.returncode} after "
@@ -77,7 +77,8 @@ async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_l
               f"(bound {bound_s:.1f}s)")
         assert detect_s <= bound_s
         await proxy.restore()
-        await wait_until(lambda: _broker(group.events("connection_restored")), timeout_s=60,
+        await wait_until(lambda: group.events("connection_restored", connection="broker"),
+                         timeout_s=60,
                          what="connection_restored (broker)")
     await proxy.close()
 
@@ -168,7 +169,7 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
                          what="the relay's claimed rows freed")
         freed_s = time.monotonic() - (proxy.black_holed_at or 0.0)
         # The relay notices when a statement it sent times out (asyncpg's command timeout).
-        await wait_until(lambda: _pool_events(group, "connection_lost"),
+        await wait_until(lambda: group.events("connection_lost", connection="database"),
                          timeout_s=command_s * 2 + SLACK_S * 2, interval_s=0.1,
                          what="connection_lost (database)")
         detect_s = time.monotonic() - (proxy.black_holed_at or 0.0)
@@ -177,7 +178,8 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
               f"(command timeout {command_s:g}s)")
         assert freed_s <= idle_s + SLACK_S
         await proxy.restore()
-        await wait_until(lambda: _pool_events(group, "connection_restored"), timeout_s=60,
+        await wait_until(lambda: group.events("connection_restored", connection="database"),
+                         timeout_s=60,
                          what="connection_restored (database)")
     await proxy.close()
     # Checked last, so that everything above (no loss, rows freed in time) is proven first.
@@ -219,14 +221,3 @@ async def _flow(env: Env, tmp_path: Path, **overrides: object
         producer.kill()
         await probe.close()
         await consumer.stop()
-
-
-def _pool_events(group: object, event: str) -> list[object]:
-    """The worker pool's Supervisor events (the LISTEN session logs its own)."""
-    found = group.events(event)  # type: ignore[attr-defined]
-    return [e for e in found if e.get("connection") == "database"]
-
-
-def _broker(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The supervisor's log lines about the broker connection (relay/supervise.py)."""
-    return [e for e in events if e.get("connection") == "broker"]

@@ -49,6 +49,10 @@ async def test_rabbitmq_restart__mid_batch_loses_nothing_and_duplicates_at_most_
     tally = FaultTally("rabbitmq stop_app")
     try:
         with relays(env, tmp_path, reconnect_max_s=2) as group:
+
+            def broker(name: str) -> list[dict[str, Any]]:
+                return group.events(name, connection="broker")
+
             procs = [group.start() for _ in range(REPLICAS)]
             for p in procs:
                 await wait_until(lambda p=p: '"relay_started"' in p.log_text(), what="start")
@@ -59,11 +63,11 @@ async def test_rabbitmq_restart__mid_batch_loses_nothing_and_duplicates_at_most_
                     await asyncio.to_thread(rabbit_node.stop_app)
                 tally.record(held)
                 await wait_until(
-                    lambda n=n: len(_broker(group.events("connection_lost"))) == n * REPLICAS,
+                    lambda n=n: len(broker("connection_lost")) == n * REPLICAS,
                     what=f"{n * REPLICAS} connection_lost (broker)")
                 await asyncio.to_thread(rabbit_node.start_app)
                 await wait_until(
-                    lambda n=n: len(_broker(group.events("connection_restored"))) == n * REPLICAS,
+                    lambda n=n: len(broker("connection_restored")) == n * REPLICAS,
                     timeout_s=60, what=f"{n * REPLICAS} connection_restored (broker)")
             ids = backlog + await producer.stop()
             await consumer.wait_all(ids, timeout_s=180, dsn=env.pg_dsn)
@@ -73,15 +77,10 @@ async def test_rabbitmq_restart__mid_batch_loses_nothing_and_duplicates_at_most_
             assert tally.in_flight == RESTARTS, tally.summary()
             assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
             assert all(p.alive() for p in procs)
-            assert len(_broker(group.events("connection_lost"))) == RESTARTS * REPLICAS
-            assert len(_broker(group.events("connection_restored"))) == RESTARTS * REPLICAS
+            assert len(broker("connection_lost")) == RESTARTS * REPLICAS
+            assert len(broker("connection_restored")) == RESTARTS * REPLICAS
             assert [p.terminate() for p in procs] == [0] * REPLICAS
     finally:
         producer.kill()
         await probe.close()
         await consumer.stop()
-
-
-def _broker(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The supervisor's log lines about the broker connection (relay/supervise.py)."""
-    return [e for e in events if e.get("connection") == "broker"]
