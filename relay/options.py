@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -15,7 +16,13 @@ from relay.errors import InvalidRow
 DEFAULT_CONTENT_TYPE = "application/json"
 PERSISTENT = 2
 TRANSIENT = 1
-MAX_EXPIRATION_MS = 2**32 - 1  # RabbitMQ closes the channel for a larger per-message TTL
+# RabbitMQ reads `expiration` with Erlang's string:to_integer on the raw bytes: an optional
+# sign, then ASCII digits only, nothing after them; it refuses a negative value and one above
+# ten years (its MAX_EXPIRY_TIMER, 315,360,000,000 ms, measured on the broker: larger values
+# close the channel with PRECONDITION_FAILED). `str.isdigit()` would also accept Arabic-Indic
+# or full-width digits, which the broker refuses.
+MAX_EXPIRATION_MS = 315_360_000_000
+_EXPIRATION = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
 MILLISECONDS_FROM = 100_000_000_000  # a timestamp this large is milliseconds, not seconds
 MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second datetime holds
 
@@ -41,13 +48,16 @@ class PublishOptions(BaseModel):
     app_id: str | None = Field(default=None, alias="appId", max_length=255)
     mandatory: bool | None = None
 
-    @field_validator("expiration")
+    @field_validator("expiration", mode="before")
     @classmethod
-    def _expiration_ms(cls, value: str | int | None) -> str | int | None:
+    def _expiration_ms(cls, value: object) -> str | None:
         if value is None:
             return None
         text = str(value)
-        if not text.isdigit():
+        if isinstance(value, bool) or not isinstance(value, str | int) \
+                or not _EXPIRATION.match(text):
+            raise ValueError("must be a non-negative number of milliseconds in ASCII digits")
+        if int(text) < 0:
             raise ValueError("must be a non-negative number of milliseconds")
         if int(text) > MAX_EXPIRATION_MS:
             raise ValueError(f"must be at most {MAX_EXPIRATION_MS} milliseconds (RabbitMQ)")

@@ -21,6 +21,8 @@ from typing import Any
 import aiormq
 from aiormq.abc import ChannelFrame
 from pamqp import commands as spec
+from pamqp import common as pamqp_common
+from pamqp import encode as pamqp_encode
 
 from relay.errors import BrokerError
 
@@ -41,6 +43,29 @@ class HookCalls:
 
 
 HOOK_CALLS = HookCalls()
+
+
+_encode_table_value = pamqp_encode.encode_table_value
+
+
+def _table_value(value: Any) -> bytes:
+    """pamqp's table value encoding, except that a float is a double ('d'): pamqp writes a
+    32-bit float ('f'), so 12345678.9 would reach the consumer as 12345679.0."""
+    if isinstance(value, float):
+        return b"d" + pamqp_common.Struct.double.pack(value)
+    return bytes(_encode_table_value(value))
+
+
+def encode_floats_as_doubles() -> None:
+    """Make pamqp (and so aiormq and the frame encoder) write header floats as doubles.
+
+    pamqp's field_table and field_array look the value encoder up as a module global at every
+    call, so replacing it there reaches every table pamqp writes in this process.
+    """
+    pamqp_encode.encode_table_value = _table_value
+
+
+encode_floats_as_doubles()
 
 
 def versions() -> str:
@@ -87,6 +112,13 @@ def underlay_closed(connection: Any) -> bool:
 def frame_max(raw_channel: Any) -> int:
     """The frame size negotiated for the channel's connection."""
     return int(raw_channel.connection.connection_tune.frame_max or 131072)
+
+
+def connection_frame_max(connection: Any) -> int | None:
+    """The frame size negotiated on an aio-pika connection (None before the tune)."""
+    tune = getattr(underlay(connection), "connection_tune", None)
+    value = getattr(tune, "frame_max", None)
+    return int(value) if value else None
 
 
 def hook_confirms(raw_channel: Any, on_confirm: ConfirmHook) -> None:

@@ -25,7 +25,6 @@ SHORTSTR_MAX = 255
 TABLE_KEY_MAX = 128  # pamqp silently truncates longer field names
 HEADER_DEPTH_MAX = 64
 DEFAULT_FRAME_MAX = 131072
-FLOAT32_MAX = 3.4028234663852886e38  # pamqp writes header floats as 32-bit ('f')
 _INT64 = (-(2**63), 2**63 - 1)
 _FRAME_OVERHEAD = 8
 _HEADER_FIXED = 14  # class id, weight, body size, property flags
@@ -213,6 +212,7 @@ def _check_scalar(value: Any, where: str) -> str | None:
         ok = _INT64[0] <= value <= _INT64[1]
         return None if ok else f"{where}: integer out of the 64-bit range AMQP tables carry"
     if isinstance(value, float):
-        ok = math.isfinite(value) and abs(value) <= FLOAT32_MAX
-        return None if ok else f"{where}: number out of the 32-bit float range of AMQP tables"
+        # Written as a double (relay/amqp/compat.py); JSON from PostgreSQL is always finite.
+        ok = math.isfinite(value)
+        return None if ok else f"{where}: a number AMQP tables cannot carry ({value})"
     return f"{where}: {type(value).__name__} has no AMQP table type"

@@ -58,6 +58,11 @@ class Pipeline:
         connection.on_open(self._opened)
 
     async def _opened(self, raw: object) -> None:
+        # A header frame larger than the size the broker negotiated closes the connection:
+        # the encoder checks against this connection's value, not a constant.
+        negotiated = compat.connection_frame_max(raw)
+        if negotiated:
+            self.encoder.frame_max = negotiated
         await self.transport.open(raw)
 
     # ------------------------------------------------------------------ state, for the worker

@@ -165,5 +165,37 @@ async def test_rows_the_broker_would_refuse_at_the_protocol_level__dead_without_
     assert _connections_opened(relay.log_events()) == 1
 
 
+async def test_rows_read_by_the_brokers_own_rules__refused_ones_dead_floats_exact_no_duplicate(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """RabbitMQ parses expiration as ASCII digits (Arabic-Indic and full-width digits passed
+    str.isdigit() and closed the shared channel, re-sending everything in flight on it), and
+    a header float written as 32-bit lost its value (12345678.9 arrived as 12345679.0)."""
+    refused = [
+        (env.exchange, env.routing_key, {"arabic": 1}, {"expiration": "٦٠٠٠٠"}),
+        (env.exchange, env.routing_key, {"fullwidth": 1}, {"expiration": "６００００"}),
+    ]
+    accepted = [
+        (env.exchange, env.routing_key, {"signed": 1}, {"expiration": "+600000"}),
+        (env.exchange, env.routing_key, {"float": 1}, {"headers": {"f": 12345678.9,
+                                                                   "g": [1e-300, 0.1]}}),
+    ]
+    ids = await _insert(env, [*_good(env, 200, "a"), *refused, *accepted, *_good(env, 200, "b")])
+    bad = ids[200:202]
+    relay = start_relay()
+    await consumer.wait_for(402)
+    await wait_until(lambda: _all_dead(env, bad), what="the refused rows dead")
+    assert sorted(set(consumer.ids())) == sorted(set(ids) - set(bad))
+    assert consumer.duplicates() == 0
+    reasons = await dead_reasons(env.pg_dsn)
+    assert all(reasons[i].startswith("invalid_option: options.expiration") for i in bad)
+    floated = next(m for m in consumer.messages if m.message_id == ids[203])
+    assert floated.headers["f"] == 12345678.9
+    assert floated.headers["g"] == [1e-300, 0.1]
+    signed = next(m for m in consumer.messages if m.message_id == ids[202])
+    assert signed.expiration is not None
+    assert _connections_opened(relay.log_events()) == 1
+
+
 async def _all_dead(env: Env, row_ids: list[str]) -> bool:
     return set(row_ids) <= set(await dead_reasons(env.pg_dsn))
