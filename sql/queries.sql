@@ -113,9 +113,11 @@ FROM (SELECT COALESCE(
 -- producer that skipped the NOTIFY): are rows due now (then the relay sweeps once more), and
 -- in how many seconds does the next delayed row fall due (NULL: none)? Both walk the
 -- available_at index from one end.
+-- Epochs are subtracted, not timestamps: a producer may write available_at = 'infinity'
+-- ("never"), and `infinity - now()` is an error before PostgreSQL 17 (the relay looped on it).
 SELECT EXISTS (SELECT 1 FROM {table} WHERE available_at <= now()) AS due_now,
-       EXTRACT(EPOCH FROM (SELECT min(available_at) FROM {table} WHERE available_at > now())
-                          - now())::float8 AS next_due_s
+       (EXTRACT(EPOCH FROM (SELECT min(available_at) FROM {table} WHERE available_at > now()))
+        - EXTRACT(EPOCH FROM now()))::float8 AS next_due_s
 
 -- name: wakeup_release
 SELECT pg_advisory_unlock({wakeup_lock_class}, {table_literal}::regclass::oid::int)
@@ -143,7 +145,7 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- Due unkeyed rows in insertion order; rows another relay holds are skipped, not waited for.
 -- Keyed rows are claimed by claim_keyed (per-key order, docs/ordering.md).
 SELECT id::text AS id, exchange, routing_key, content::text AS content,
-       options::text AS options, attempts,
+       options::text AS options, GREATEST(attempts, 0) AS attempts,
        EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq, NULL::text AS ordering_key
 FROM {table}
 WHERE available_at <= now() AND ordering_key IS NULL
@@ -161,7 +163,7 @@ FROM {claim_keyed_fn}($1, $2, $3)
 -- or not, except keyed rows behind an earlier row of their key that is not due (retrying or
 -- delayed) or, with block ($2), whose key has a dead letter.
 SELECT t.id::text AS id, t.exchange, t.routing_key, t.content::text AS content,
-       t.options::text AS options, t.attempts, t.seq, t.ordering_key,
+       t.options::text AS options, GREATEST(t.attempts, 0) AS attempts, t.seq, t.ordering_key,
        EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s
 FROM {table} AS t
 WHERE t.available_at <= now()
@@ -197,7 +199,9 @@ ON CONFLICT (id) DO NOTHING
 
 -- name: reschedule_failed
 UPDATE {table} AS t
-SET attempts = t.attempts + 1,
+-- attempts is a producer-writable integer: a negative count reads as 0 and the count stops
+-- at integer's maximum (2147483647 + 1 overflowed and rolled back the whole settle).
+SET attempts = LEAST(GREATEST(t.attempts, 0), 2147483646) + 1,
     last_error = f.error,
     available_at = now() + make_interval(secs => f.delay_s)
 FROM unnest($1::uuid[], $2::text[], $3::float8[]) AS f(id, error, delay_s)
@@ -210,7 +214,8 @@ WITH reasons AS (
 ), moved AS (
     DELETE FROM {table} AS t USING reasons AS r WHERE t.id = r.id
     RETURNING t.id, t.seq, t.exchange, t.routing_key, t.content, t.options, t.created_at,
-              t.available_at, t.attempts + CASE WHEN r.counted THEN 1 ELSE 0 END,
+              t.available_at,
+              LEAST(GREATEST(t.attempts, 0), 2147483646) + CASE WHEN r.counted THEN 1 ELSE 0 END,
               r.reason AS last_error, t.ordering_key, r.reason
 )
 INSERT INTO {dead} (id, seq, exchange, routing_key, content, options, created_at,
@@ -223,7 +228,8 @@ ON CONFLICT (id) DO UPDATE SET reason = EXCLUDED.reason, dead_at = now(),
 SELECT pg_notify({dead_channel_literal}, $1::text)
 
 -- name: seconds_until_next_due
-SELECT EXTRACT(EPOCH FROM (min(available_at) - now()))::float8
+-- By epochs, as wakeup_check: an available_at of 'infinity' reads as Infinity, not an error.
+SELECT (EXTRACT(EPOCH FROM min(available_at)) - EXTRACT(EPOCH FROM now()))::float8
 FROM {table}
 WHERE available_at > now()
 
@@ -239,8 +245,10 @@ SELECT pg_try_advisory_lock({leader_lock_class}, {table_oid})
 -- name: backlog
 SELECT count(*) FILTER (WHERE available_at <= now())                  AS due,
        count(*) FILTER (WHERE available_at > now())                   AS delayed,
-       COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)
-                FILTER (WHERE available_at <= now())), 0)::float8      AS oldest_due_age_s,
+       -- created_at may be +-infinity (producers write it): an age is clamped to 0..100 years.
+       LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM min(created_at)
+                FILTER (WHERE available_at <= now())), 0), 0), 3155760000)::float8
+                                                                       AS oldest_due_age_s,
        count(*) FILTER (WHERE attempts > 0)                           AS retrying
 FROM {table}
 

@@ -26,6 +26,8 @@ from relay.loop.retry import RetryPolicy
 
 log = structlog.get_logger("relay.loop.verdicts")
 
+INT_MAX = 2**31 - 1  # attempts is a PostgreSQL integer that producers may write
+
 __all__ = ["Kind", "Reason", "Verdict", "decide", "log_verdicts", "to_settlement"]
 
 
@@ -56,7 +58,7 @@ def decide(
 
 
 def _retry_or_dead(row: OutboxRow, failure: Fault, policy: RetryPolicy) -> Verdict:
-    attempts = row.attempts + 1
+    attempts = min(row.attempts, INT_MAX - 1) + 1  # the column is an integer: its count stops
     if attempts >= policy.max_attempts:
         return Verdict(row.id, Kind.DEAD, failure.reason,
                        f"gave up after {attempts} attempts: {failure}", counted=True)

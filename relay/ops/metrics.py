@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 import time
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -202,7 +203,9 @@ class RelayMetrics:
         # A published row has an exchange; the type allows NULL for rows of classic tables.
         exchanges: Tally[str] = Tally(row.exchange or "" for row in done)
         # Clock skew between the database and this host can make an age negative: count it as 0.
-        ages = [confirmed_at - row.created_at_s for row in done if row.created_at_s is not None]
+        # A producer may write created_at = +-infinity: such a row has no age to observe.
+        ages = [confirmed_at - row.created_at_s for row in done
+                if row.created_at_s is not None and math.isfinite(row.created_at_s)]
         self.message_age.observe_many(age if age > 0 else 0.0 for age in ages)
         for exchange, n in exchanges.items():
             self.published.labels(exchange).inc(n)

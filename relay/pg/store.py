@@ -202,8 +202,10 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
             records += await conn.fetch(q["claim_batch"], room)
     records.sort(key=lambda r: r["seq"])
     return [
+        # attempts is producer-writable: a negative count reads as none made yet.
         OutboxRow(r["id"], r["exchange"], r["routing_key"], r["content"], r["options"],
-                  r["attempts"], created_at_s=r["created_at_s"], ordering_key=r["ordering_key"])
+                  max(r["attempts"], 0), created_at_s=r["created_at_s"],
+                  ordering_key=r["ordering_key"])
         for r in records
     ]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import asyncpg
@@ -45,6 +45,7 @@ from relay.pg.sleep import (
     keep_sweeping,
 )
 from relay.pg.store import DB_ERRORS
+from relay.supervise import Backoff
 
 log = structlog.get_logger("relay.pg.wakeup")
 
@@ -99,6 +100,11 @@ class LockGate:
         self._release: asyncio.Future[None] | None = None
         self._role_wait: asyncio.Future[Any] | None = None
         self._outage = False
+        # A failure anywhere in the wake-up path (a refused connection, a statement that
+        # errors) waits before the next try: capped, jittered, reset by a check that works.
+        self._backoff = Backoff(base_s=0.2, max_s=5.0)
+        self._delays: Iterator[float] | None = None
+        self._retry_at = 0.0
 
     def keep_sweeping(self, rows_this_wakeup: int) -> bool:
         """The common sleep policy."""
@@ -189,6 +195,7 @@ class LockGate:
             self._lost(f"preparing to sleep failed: {exc}")
             return SleepPlan()
         assert check is not None
+        self._delays = None  # the whole path works: the next failure backs off from the start
         next_due = check["next_due_s"]
         due = self.held and bool(check["due_now"])
         awake = due and (found_rows or not self._drained_awake)
@@ -285,6 +292,8 @@ class LockGate:
             self._release = None
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
+        if time.monotonic() < self._retry_at:
+            return None  # backing off after a failure: the worker polls meanwhile
         try:
             conn = await self._connect()
         except _CONNECT_ERRORS as exc:
@@ -318,6 +327,9 @@ class LockGate:
         """The locks are gone with the connection: producers may stop notifying, so the
         worker must sweep and poll until the session is back."""
         was_sleeper = self._reset()
+        if self._delays is None:
+            self._delays = self._backoff.delays()
+        self._retry_at = time.monotonic() + next(self._delays)
         if not self._outage:
             log.warning("wakeup_connection_lost", error=error)
             self._outage = True

@@ -36,3 +36,29 @@ def test_settings__conditional_is_the_default_notify_mode(
 ) -> None:
     monkeypatch.delenv("RELAY_NOTIFY", raising=False)
     assert Settings(_env_file=None).notify is NotifyMode.CONDITIONAL  # type: ignore[call-arg]
+
+
+async def test_lock_gate__a_failing_wakeup_path_backs_off_instead_of_reconnecting_in_a_loop(
+) -> None:
+    """A statement that fails in the wake-up path (it once did for available_at = infinity)
+    dropped the session and reconnected at once, about 1,500 transactions a second."""
+    from relay.errors import DatabaseUnavailable
+    from relay.pg.queries import Queries, TableNames
+    from relay.pg.wakeup import LockGate
+
+    attempts = 0
+
+    async def connect() -> object:
+        nonlocal attempts
+        attempts += 1
+        raise DatabaseUnavailable("refused")
+
+    gate = LockGate(connect, Queries(TableNames("public", "queue_message", "queue_message_notify")),  # type: ignore[arg-type]
+                    lambda: None, poll=AdaptivePoll(0.05, 1.0))
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 1.0
+    while loop.time() < until:
+        await gate.prepare_sleep(asyncio.Event(), found_rows=False)
+        await asyncio.sleep(0.001)
+    # Delays of 0.1-0.2 s, then doubling: a handful of attempts in a second, not hundreds.
+    assert 1 <= attempts <= 6, attempts
