@@ -6,7 +6,8 @@ A batch's publish is a few passes, all ending by the batch's deadline:
    one fail (`exchange_not_found`);
 2. send the rest through the transport (per-message or bulk frames) and settle each message
    from what the broker said: acked and not returned -> confirmed; returned -> `unroutable`;
-   nacked -> `nacked`; no confirm while others were confirmed -> `confirm_timeout`;
+   nacked -> `nacked`; no confirm by the deadline -> unknown (a late confirm is not the row's
+   fault);
 3. when the broker closed the channel under the pass, everything unconfirmed on it is sent
    again on a new channel one message at a time, so that the row that closes it alone fails
    (`channel_closed_by_row`) and the others are delivered.
@@ -236,12 +237,13 @@ class Pipeline:
                 result.failed[m.id] = Fault(Reason.UNROUTABLE, returned or "returned")
             elif status == NACKED:
                 result.failed[m.id] = Fault(Reason.NACKED, "nacked by the broker")
-            elif status == TIMEOUT and sent.heard and not self.connection.blocked:
-                result.failed[m.id] = Fault(
-                    Reason.CONFIRM_TIMEOUT,
-                    f"no confirm within the batch's publish budget ({self.publish_timeout_s:g}s)"
-                    " while the broker confirmed other messages",
-                )
+            elif status == TIMEOUT and sent.heard:
+                # The broker confirmed others of the pass: it is alive and this confirm is
+                # late (a slow link, a busy queue), not refused. The message may well be
+                # routed already, so it is no fault of the row: untouched, no attempt counted
+                # (charging one delivered the row several times and then parked it). Not sent
+                # again in this batch either: the deadline has passed.
+                result.unsent[m.id] = Reason.DEADLINE
             else:
                 blocked = self.connection.blocked
                 silent = silent or (status == TIMEOUT and waited_long and not blocked)
