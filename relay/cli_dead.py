@@ -49,11 +49,12 @@ async def _list(dl: DeadLetters, args: argparse.Namespace) -> int:
 
 
 async def _show(dl: DeadLetters, args: argparse.Namespace) -> int:
-    row = await dl.show(args.id)
-    if row is None:
+    rows = await dl.show(args.id)
+    if not rows:
         print(f"relay: no dead letter with id {args.id}", file=sys.stderr)
         return EXIT_NOT_FOUND
-    print(json.dumps(row, default=str, indent=2))
+    # One object for an id parked once (as always); a list, latest first, for a reused id.
+    print(json.dumps(rows[0] if len(rows) == 1 else rows, default=str, indent=2))
     return EXIT_OK
 
 

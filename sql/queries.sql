@@ -208,21 +208,10 @@ FROM unnest($1::uuid[], $2::text[], $3::float8[]) AS f(id, error, delay_s)
 WHERE t.id = f.id
 
 -- name: dead_letter
--- Moves rows to the dead-letter table with their reason, in the claim's transaction.
-WITH reasons AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::boolean[]) AS f(id, reason, counted)
-), moved AS (
-    DELETE FROM {table} AS t USING reasons AS r WHERE t.id = r.id
-    RETURNING t.id, t.seq, t.exchange, t.routing_key, t.content, t.options, t.created_at,
-              t.available_at,
-              LEAST(GREATEST(t.attempts, 0), 2147483646) + CASE WHEN r.counted THEN 1 ELSE 0 END,
-              r.reason AS last_error, t.ordering_key, r.reason
-)
-INSERT INTO {dead} (id, seq, exchange, routing_key, content, options, created_at,
-                    available_at, attempts, last_error, ordering_key, reason)
-SELECT * FROM moved
-ON CONFLICT (id) DO UPDATE SET reason = EXCLUDED.reason, dead_at = now(),
-    attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error
+-- Moves rows to the dead-letter table with their reason, in the claim's transaction, through
+-- the definer function of sql/migrations/0007 (the relay role has no INSERT there). Each
+-- parked row is a dead letter of its own, also when its id was parked before.
+SELECT {dead_letter_fn}($1::uuid[], $2::text[], $3::boolean[])
 
 -- name: notify_dead
 SELECT pg_notify({dead_channel_literal}, $1::text)
@@ -300,7 +289,7 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean
 SELECT id::text AS id, dead_at, attempts, exchange, routing_key, reason
 FROM {dead}
 WHERE ($1::text IS NULL OR reason ILIKE '%' || $1 || '%')
-ORDER BY dead_at, seq
+ORDER BY dead_at, dead_id
 LIMIT $2
 
 -- name: dead_count_matching
@@ -317,16 +306,19 @@ SELECT id::text AS id, seq, exchange, routing_key, content::text AS content,
        last_error, reason, dead_at
 FROM {dead}
 WHERE id = $1::uuid
+ORDER BY dead_id DESC
 
 -- name: dead_snapshot
 -- The ids an operation will touch, fixed when it starts (same filters as dead_count_matching,
 -- $4 = at most this many, NULL = all): a replayed row that dies again at once is not replayed
 -- a second time by the same command, so `replay --all` always ends.
+-- One entry per id (an id parked twice has two dead letters; replay moves the latest).
 SELECT id::text FROM {dead}
 WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
   AND ($2::text IS NULL OR reason ILIKE '%' || $2 || '%')
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
-ORDER BY dead_at, seq
+GROUP BY id
+ORDER BY min(dead_at), min(dead_id)
 LIMIT $4
 
 -- name: dead_replay
@@ -335,13 +327,17 @@ LIMIT $4
 SELECT {replay_fn}($1::uuid[])
 
 -- name: dead_unreplayable
--- Dead letters among $1 that replay leaves where they are, with why.
+-- Dead letters among $1 that replay left where they are, with why ($2: the ids it moved).
 SELECT d.id::text AS id,
-       CASE WHEN d.content IS NULL THEN 'content is NULL'
+       CASE WHEN d.id = ANY($2::uuid[])
+                THEN 'an older dead letter of this id (parked ' || d.dead_at::text
+                     || '): the latest one was replayed'
+            WHEN d.content IS NULL THEN 'content is NULL'
             WHEN d.exchange IS NULL THEN 'exchange is NULL'
             ELSE 'id already in the outbox' END AS why
 FROM {dead} AS d
 WHERE d.id = ANY($1::uuid[])
+ORDER BY d.dead_id
 
 -- name: dead_purge
 -- Deletes the given dead letters (a slice of dead_snapshot).

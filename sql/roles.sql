@@ -36,16 +36,22 @@ REVOKE INSERT ON {table} FROM {producer_role};
 GRANT INSERT (id, exchange, routing_key, content, options, ordering_key, available_at)
     ON {table} TO {producer_role};
 
--- The relay: claim (SELECT ... FOR UPDATE needs UPDATE), reschedule, delete published rows;
--- the dead-letter and archive tables for settling, listing and purging. No INSERT on the
--- outbox: `relay dead replay` moves rows back through {replay_fn}, a SECURITY DEFINER function
--- that can only move existing dead letters. No DDL, no TRUNCATE, no ownership: `relay migrate`
--- runs as the owner, not as this role.
-REVOKE INSERT ON {table} FROM {relay_role};
-GRANT SELECT, UPDATE, DELETE ON {table} TO {relay_role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON {dead} TO {relay_role};
+-- The relay: claim (SELECT ... FOR UPDATE needs UPDATE of one column), reschedule (UPDATE of
+-- the three columns it writes, never content, options, exchange or routing key), delete
+-- published rows; list and purge dead letters; archive published rows. It cannot write a
+-- message: no INSERT on the outbox, and no INSERT or UPDATE on the dead-letter table (whose
+-- rows replay turns back into messages). Rows are parked through {dead_letter_fn} and
+-- replayed through {replay_fn}, SECURITY DEFINER functions that only move existing rows,
+-- content as it is. No DDL, no TRUNCATE, no ownership: `relay migrate` runs as the owner.
+-- REVOKE first, so that re-running replaces what older versions of this file granted.
+REVOKE INSERT, UPDATE ON {table} FROM {relay_role};
+GRANT SELECT, DELETE ON {table} TO {relay_role};
+GRANT UPDATE (attempts, last_error, available_at) ON {table} TO {relay_role};
+REVOKE INSERT, UPDATE ON {dead} FROM {relay_role};
+GRANT SELECT, DELETE ON {dead} TO {relay_role};
 GRANT SELECT, INSERT, DELETE ON {archive} TO {relay_role};
 GRANT EXECUTE ON FUNCTION {replay_fn}(uuid[]) TO {relay_role};
+GRANT EXECUTE ON FUNCTION {dead_letter_fn}(uuid[], text[], boolean[]) TO {relay_role};
 -- `relay run` refuses a schema older than it needs: it reads which migrations are applied.
 GRANT SELECT ON {migrations} TO {relay_role};
 

@@ -118,14 +118,17 @@ class DeadLetters:
         """Dead letters, oldest first (optionally only those whose reason contains `reason`)."""
         return [dict(r) for r in await self._fetch("dead_list", reason, limit)]
 
-    async def show(self, row_id: str) -> dict[str, Any] | None:
-        """Every column of one dead letter, or None."""
-        rows = await self._fetch("dead_show", check_ids([row_id])[0])
-        return dict(rows[0]) if rows else None
+    async def show(self, row_id: str) -> list[dict[str, Any]]:
+        """Every column of each dead letter with this id, the latest first (an id a producer
+        reused can have been parked more than once); empty when there is none."""
+        return [dict(r) for r in await self._fetch("dead_show", check_ids([row_id])[0])]
 
     async def replay(self, ids: list[str], *, batch_rows: int = DEFAULT_BATCH_ROWS,
                      progress: Progress | None = None) -> ReplayResult:
         """Move these dead letters (a snapshot) back into the outbox, original id, attempts reset.
+
+        Of an id parked more than once, the latest dead letter moves; the older ones stay and
+        are reported in `left`.
 
         One transaction per `batch_rows`; the insert trigger wakes the relays. A row that dies
         again meanwhile is not in the snapshot twice, so this always ends.
@@ -134,7 +137,7 @@ class DeadLetters:
         for chunk in _slices(ids, batch_rows):
             moved = [r[0] for r in await self._fetch("dead_replay", chunk)]
             result.replayed += moved
-            left = await self._fetch("dead_unreplayable", sorted(set(chunk) - set(moved)))
+            left = await self._fetch("dead_unreplayable", chunk, moved)
             result.left += [(r["id"], r["why"]) for r in left]
             if progress:
                 progress(len(result.replayed) + len(result.left), len(ids))

@@ -62,6 +62,9 @@ class TableNames:
             "claim_keyed_fn": self._q("_claim_keyed"),
             "replay_fn": self._q("_replay"),
             "replay_fn_literal": "'" + self._q("_replay").replace("'", "''") + "'",
+            "dead_letter_fn": self._q("_park"),
+            "dead_letter_fn_literal": "'" + self._q("_park").replace("'", "''") + "'",
+            "dead_literal": "'" + self._q("_dead").replace("'", "''") + "'",
             "migrations": (
                 f"{quote_ident(self.schema)}.relay_migrations"
                 if self.schema

@@ -89,3 +89,43 @@ async def test_dead_replay_all__ends_while_the_replayed_rows_die_again_at_once(
         return await count_rows(env.pg_dsn, DEAD) == 200 and await count_rows(env.pg_dsn) == 0
 
     await wait_until(all_dead_again, timeout_s=60, what="the replayed rows dead again")
+
+
+async def test_dead_letters__a_reused_id_keeps_every_parked_row_and_replay_says_which(
+    env: Env, start_relay
+) -> None:
+    """A producer that reuses an id parked before: `ON CONFLICT (id) DO UPDATE` kept the old
+    content and dropped the new row's."""
+    missing = "no-such-exchange-reused"
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        row_id = await conn.fetchval(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "VALUES ($1, 'rk', '{\"version\": 1}') RETURNING id::text", missing)
+        relay_proc = start_relay(max_attempts=1)
+        await wait_until(lambda: _dead_rows(env, 1), what="the first row parked")
+        await conn.execute(
+            "INSERT INTO queue_message (id, exchange, routing_key, content) "
+            "VALUES ($1, $2, 'rk', '{\"version\": 2}')", row_id, missing)
+        await wait_until(lambda: _dead_rows(env, 2), what="the second row parked")
+        relay_proc.terminate()
+        versions = [r[0] for r in await conn.fetch(
+            f"SELECT content->>'version' FROM {DEAD} WHERE id = $1 ORDER BY dead_at", row_id)]
+        assert versions == ["1", "2"]
+        shown = relay(env, "dead", "show", row_id)
+        assert shown.returncode == 0, shown.stderr
+        # Latest first; content is the stored JSON text, so its quotes come escaped.
+        assert shown.stdout.index('version\\": 2') < shown.stdout.index('version\\": 1')
+        out = relay(env, "dead", "replay", row_id)
+        assert "replayed 1 of 1 dead letter(s)" in out.stdout, out.stderr
+        assert "the latest one was replayed" in out.stdout
+        assert await conn.fetchval(
+            "SELECT content->>'version' FROM queue_message WHERE id = $1", row_id) == "2"
+        assert await conn.fetchval(
+            f"SELECT content->>'version' FROM {DEAD} WHERE id = $1", row_id) == "1"
+    finally:
+        await conn.close()
+
+
+async def _dead_rows(env: Env, n: int) -> bool:
+    return await count_rows(env.pg_dsn, DEAD) == n

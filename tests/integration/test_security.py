@@ -239,3 +239,58 @@ async def test_roles__relay_role_cannot_insert_yet_replays_through_the_definer_f
     assert "replayed 1 of 1" in done.stdout
     assert await count_rows(env.pg_dsn) == 1
     assert await count_rows(env.pg_dsn, "queue_message_dead") == 0
+
+
+async def test_roles__relay_login_cannot_forge_a_message_yet_parks_and_replays(
+    env: Env, roles: Roles, start_relay
+) -> None:
+    """The relay login could INSERT a dead letter of its own making and replay it into the
+    outbox (a forged message), and UPDATE any outbox column (content, exchange)."""
+    good = await _admin_insert(env, "no-such-exchange-" + roles.relay)
+    relay_dsn = as_user(env.pg_dsn, roles.relay_login)
+    relay_conn = await asyncpg.connect(relay_dsn)
+    try:
+        for sql in (
+            "INSERT INTO queue_message_dead (id, exchange, routing_key, content, created_at, "
+            "available_at, attempts, reason) VALUES (gen_random_uuid(), 'x', 'rk', '{}', now(), "
+            "now(), 0, 'forged')",
+            "UPDATE queue_message_dead SET content = '{\"forged\": 1}'",
+            "UPDATE queue_message SET content = '{\"forged\": 1}'",
+            "UPDATE queue_message SET exchange = 'elsewhere'",
+            "UPDATE queue_message SET options = '{}'",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await relay_conn.execute(sql)
+        # What the relay does write stays allowed.
+        await relay_conn.execute("UPDATE queue_message SET attempts = 0, last_error = NULL, "
+                                 "available_at = now()")
+    finally:
+        await relay_conn.close()
+    # The relay parks the row under its role (through the definer function)...
+    relay = start_relay(pg_dsn=relay_dsn, max_attempts=1)
+    await wait_until(lambda: _dead_count(env, 1), what="the row parked by the relay role")
+    assert await count_rows(env.pg_dsn) == 0
+    assert relay.terminate() == 0
+    # ...and replays it: the row is back with its content.
+    done = relay_cmd(env, "dead", "replay", "--all", pg_dsn=relay_dsn)
+    assert done.returncode == 0, done.stderr
+    admin = await asyncpg.connect(env.pg_dsn)
+    try:
+        assert await admin.fetchval("SELECT content->>'n' FROM queue_message WHERE id = $1",
+                                    good) == "1"
+    finally:
+        await admin.close()
+
+
+async def _admin_insert(env: Env, exchange: str) -> str:
+    admin = await asyncpg.connect(env.pg_dsn)
+    try:
+        return str(await admin.fetchval(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "VALUES ($1, 'rk', '{\"n\": 1}') RETURNING id", exchange))
+    finally:
+        await admin.close()
+
+
+async def _dead_count(env: Env, n: int) -> bool:
+    return await count_rows(env.pg_dsn, "queue_message_dead") == n
