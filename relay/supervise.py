@@ -81,6 +81,7 @@ class Supervisor:
         self.down_since: float | None = None  # time.monotonic() when the outage began
         self.outages = 0
         self._outage_logged = False
+        self._logged_kinds: set[str] = set()
         self._attempts = 0
         self._never_up = True
         self._delays: Iterator[float] | None = None  # this outage's backoff; None when up
@@ -129,14 +130,22 @@ class Supervisor:
         if self.state != "down":
             self.state = "down"
             self.down_since = time.monotonic()
+        kind = type(error).__name__ if isinstance(error, BaseException) else "lost"
         if not self._outage_logged:
             self._outage_logged = True
+            self._logged_kinds = {kind}
             self.outages += 1
             event = "connection_waiting" if self.outages == 1 and self._never_up else (
                 "connection_lost"
             )
             log.warning(event, connection=self.name, target=self.describe or None,
                         error=self.last_error)
+        elif kind not in self._logged_kinds and kind != "lost":
+            # The outage's cause became known or changed (a closed connection whose
+            # reconnects are now refused): one line per kind of cause, not one per attempt.
+            self._logged_kinds.add(kind)
+            log.warning("connection_failing", connection=self.name,
+                        target=self.describe or None, error=self.last_error)
 
     def _mark_up(self) -> None:
         if self._outage_logged:
@@ -202,6 +211,11 @@ class Supervisor:
     def up(self) -> bool:
         """The connection is established."""
         return self.state == "up"
+
+    @property
+    def ever_up(self) -> bool:
+        """The connection was established at least once (start-up is over for it)."""
+        return not self._never_up
 
     def snapshot(self) -> dict[str, object]:
         """State for /healthz and `relay status`: no secrets, no driver objects."""

@@ -176,6 +176,10 @@ async def write(raw_channel: Any, payload: bytes, timeout_s: float) -> asyncio.F
 
 
 BROKER_LOST = (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)
+# A broker (or a load balancer in front of it) that accepts the TCP connection and closes it
+# during the AMQP handshake: aiormq's frame reader can end with StopAsyncIteration (EOF seen
+# before a frame) or EOFError instead of a connection error. The same outage.
+HANDSHAKE_CUT = (StopAsyncIteration, EOFError, asyncio.IncompleteReadError)
 CHANNEL_GONE = (aiormq.exceptions.ChannelClosed, aiormq.exceptions.ChannelInvalidStateError)
 AUTH_FAILED = (aiormq.exceptions.ProbableAuthenticationError,
                aiormq.exceptions.AuthenticationError)

@@ -39,6 +39,10 @@ class BrokerUnreachable(BrokerError):
     """No connection now; the supervisor tries again (any other BrokerError is final)."""
 
 
+class BrokerRefused(BrokerUnreachable):
+    """The broker refused credentials or a certificate it accepted before: retried."""
+
+
 class ExchangeCache:
     """Remembers which exchanges exist for a while, so a batch is checked without round trips."""
 
@@ -106,13 +110,22 @@ class BrokerConnection:
                 aio_pika.connect(url, client_properties={"connection_name": self.connection_name}),
                 timeout=self.connect_timeout_s,
             )
-        except (TimeoutError, *compat.BROKER_LOST) as exc:
+        except (TimeoutError, *compat.BROKER_LOST, *compat.HANDSHAKE_CUT) as exc:
             if compat.refused_for_good(exc):
-                # Refused credentials or an untrusted certificate: waiting will not change them.
-                raise BrokerError(f"RabbitMQ at {redact_url(url)} refused the connection: "
-                                  f"{exc}") from exc
+                if not self.supervisor.ever_up:
+                    # At start-up, refused credentials or an untrusted certificate are a
+                    # configuration error: waiting will not change them.
+                    raise BrokerError(f"RabbitMQ at {redact_url(url)} refused the "
+                                      f"connection: {exc}") from exc
+                # After the relay has run with them, they were changed under it (a rotated
+                # password, a renewed certificate): an outage like any other, retried with
+                # the supervisor's capped backoff until the new ones are in place.
+                raise BrokerRefused(
+                    f"RabbitMQ at {redact_url(url)} refused the relay's credentials or "
+                    f"certificate (changed since start?): {exc}") from exc
             self.nodes.advance()
-            raise BrokerUnreachable(f"cannot reach RabbitMQ at {redact_url(url)}: {exc}") from exc
+            raise BrokerUnreachable(f"cannot reach RabbitMQ at {redact_url(url)}: "
+                                    f"{exc or type(exc).__name__}") from exc
         self.opened += 1
         self.raw = raw
         try:

@@ -57,6 +57,12 @@ class Health:
     # Every supervised connection's state (relay/supervise.py), shown in /healthz; no check.
     connections: Callable[[], dict[str, dict[str, object]]] | None = None
 
+    def _cause(self, name: str) -> str:
+        """': <the last error>' of a supervised connection, when one is known."""
+        state = (self.connections() if self.connections else {}).get(name) or {}
+        error = state.get("last_error")
+        return f": {error}" if error else ""
+
     def liveness(self, now: float | None = None) -> dict[str, Check]:
         """The loop task is running and made progress recently (or waits for the broker)."""
         now = time.monotonic() if now is None else now
@@ -89,7 +95,8 @@ class Health:
         pg = self.postgres_connected()
         checks["postgres"] = Check(pg, "connected" if pg else "LISTEN connection is down")
         mq = self.rabbitmq_connected()
-        checks["rabbitmq"] = Check(mq, "connected" if mq else "broker connection is down")
+        checks["rabbitmq"] = Check(
+            mq, "connected" if mq else "broker connection is down" + self._cause("broker"))
         blocked = self.broker_blocked()
         checks["flow_control"] = Check(
             not blocked,

@@ -162,3 +162,35 @@ async def test_supervisors__only_bounded_ones_give_up_and_snapshot_names_each() 
     assert unbounded.give_up_after_s is None
     sups.discard("listener")
     assert set(sups.snapshot()) == {"database"}
+
+
+@pytest.mark.parametrize("cut", [StopAsyncIteration(), EOFError("eof"),
+                                 asyncio.IncompleteReadError(b"", 1)])
+async def test_broker_connect__a_handshake_cut_is_unreachable_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, cut: BaseException
+) -> None:
+    """aiormq's frame reader can end a handshake that a front resets with StopAsyncIteration:
+    it escaped the retry and `relay run` exited 1 with a raw traceback."""
+    from relay.amqp import connection as conn_module
+
+    async def connect(*_: object, **__: object) -> object:
+        raise cut
+
+    monkeypatch.setattr(conn_module.aio_pika, "connect", connect)
+    broker = conn_module.BrokerConnection("amqp://guest:guest@127.0.0.1:1/")
+    with pytest.raises(conn_module.BrokerUnreachable):
+        await broker._attempt()
+
+
+def test_supervisor__logs_the_outage_once_and_each_new_kind_of_cause_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sup = Supervisor("broker")
+    sup.ok()
+    sup.lost("connection closed")
+    for _ in range(5):
+        sup.failed(ValueError("refused"))
+        sup.failed(KeyError("other"))
+    out = capsys.readouterr().out
+    assert out.count("connection_lost") == 1
+    assert out.count("connection_failing") == 2
