@@ -24,7 +24,7 @@ class OutboxRow(NamedTuple):
     id: str
     exchange: str | None
     routing_key: str | None
-    content: str | None
+    content: bytes | str | None  # the store hands UTF-8 bytes: the body as it is
     options: str | None
     attempts: int
     created_at_s: float | None = None  # epoch seconds (database clock), for the age metric
@@ -146,6 +146,7 @@ class ClaimedBatch(Protocol):
     """
 
     rows: Sequence[OutboxRow]
+    full_by_bytes: bool  # the byte budget ended the claim: more rows may be due
 
     async def settle(self, settlement: Settlement) -> None:
         """Delete or archive published rows, reschedule retries, move dead letters."""
@@ -230,6 +231,7 @@ class ClaimOptions:
     keys_per_batch: int = 64
     block_on_dead: bool = False
     fence: bool = False
+    max_bytes: int = 24 * 1024 * 1024  # content and options of one batch (RELAY_BATCH_MAX_BYTES)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ClaimOptions:
@@ -240,4 +242,5 @@ class ClaimOptions:
             keys_per_batch=settings.ordering_keys_per_batch,
             block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
             fence=settings.mode is RelayMode.SINGLE_ACTIVE,
+            max_bytes=settings.batch_max_bytes,
         )

@@ -6,11 +6,11 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from relay.caches import BoundedCache
 from relay.errors import InvalidRow
 
 DEFAULT_CONTENT_TYPE = "application/json"
@@ -133,14 +133,26 @@ def _reason(exc: ValidationError) -> str:
     return f"options.{where}: {first['msg']}"
 
 
-@lru_cache(maxsize=4096)
+# Parsed options by their text, at most 4 MiB in all (a text and its headers are charged
+# about four times the text's length); a text over 64 KiB is parsed every time.
+_PARSED: BoundedCache[str, Properties] = BoundedCache(4 << 20, max_entry_bytes=256 << 10)
+
+
 def parse_options(text: str | None) -> Properties:
     """Validate a row's options JSON text; raise InvalidRow naming the offending field.
 
     Cached by text: rows of one producer usually share their options verbatim.
     """
     if text is None or text == "null":
-        return Properties()
+        return _NO_OPTIONS
+    cached = _PARSED.get(text)
+    if cached is None:
+        cached = _parse(text)
+        _PARSED.put(text, cached, 4 * len(text) + 512)
+    return cached
+
+
+def _parse(text: str) -> Properties:
     try:
         raw = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -169,3 +181,6 @@ def parse_options(text: str | None) -> Properties:
         app_id=opts.app_id,
         mandatory=opts.mandatory,
     )
+
+
+_NO_OPTIONS = Properties()

@@ -123,6 +123,14 @@ class Settings(BaseSettings):
         validation_alias=_env("RETRY_MAX"),
         description="Seconds: upper bound of a retry delay.",
     )
+    batch_max_bytes: int = Field(
+        default=24 * 1024 * 1024,
+        ge=1,
+        description="Bytes: a batch claims rows until their content and options reach "
+        "this (the first row always goes, however large), so memory has a ceiling: give the "
+        "container at least 100 MiB + RELAY_CONCURRENCY x 2 x (RELAY_BATCH_MAX_BYTES + "
+        "RELAY_MAX_MESSAGE_BYTES) (README, Memory).",
+    )
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=1,

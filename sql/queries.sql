@@ -144,39 +144,65 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- name: claim_batch
 -- Due unkeyed rows in insertion order; rows another relay holds are skipped, not waited for.
 -- Keyed rows are claimed by claim_keyed (per-key order, docs/ordering.md).
-SELECT id::text AS id, exchange, routing_key, content::text AS content,
-       options::text AS options, GREATEST(attempts, 0) AS attempts,
-       EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq, NULL::text AS ordering_key
-FROM {table}
-WHERE available_at <= now() AND ordering_key IS NULL
+-- Bounded by bytes as well as rows ($2): only the rows whose predecessors in the batch add up
+-- to less than $2 bytes of content and options come back (the first always does, however
+-- large), so the relay's memory has a ceiling. The rest of the LIMIT stay locked, untouched,
+-- until this transaction ends (the relay claims again when the bytes reached $2). Content comes as
+-- UTF-8 bytes: the message body as it is, never a Python str (up to 4 bytes a character).
+SELECT id, exchange, routing_key, content, options, attempts, created_at_s, seq, ordering_key
+FROM (SELECT c.*,
+             sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
+                 OVER (ORDER BY c.seq)
+                 - COALESCE(octet_length(c.content), 0) - COALESCE(octet_length(c.options), 0)
+                 AS before
+      FROM (SELECT id::text AS id, exchange, routing_key,
+                   convert_to(content::text, 'UTF8') AS content, options::text AS options,
+                   GREATEST(attempts, 0) AS attempts,
+                   EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
+                   NULL::text AS ordering_key
+            FROM {table}
+            WHERE available_at <= now() AND ordering_key IS NULL
+            ORDER BY seq
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED) AS c) AS w
+WHERE w.before < $2
 ORDER BY seq
-LIMIT $1
-FOR UPDATE SKIP LOCKED
 
 -- name: claim_keyed
--- The head runs of up to $2 keys, one relay per key at a time (sql/migrations/0004_ordering.sql).
+-- The head runs of up to $2 keys, at most $1 rows and about $4 bytes in all
+-- (sql/migrations/0008_claim_budget.sql).
 SELECT id, exchange, routing_key, content, options, attempts, seq, ordering_key, created_at_s
-FROM {claim_keyed_fn}($1, $2, $3)
+FROM {claim_keyed_fn}($1, $2, $3, $4)
 
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed
 -- or not, except keyed rows behind an earlier row of their key that is not due (retrying or
--- delayed) or, with block ($2), whose key has a dead letter.
-SELECT t.id::text AS id, t.exchange, t.routing_key, t.content::text AS content,
-       t.options::text AS options, GREATEST(t.attempts, 0) AS attempts, t.seq, t.ordering_key,
-       EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s
-FROM {table} AS t
-WHERE t.available_at <= now()
-  AND (t.ordering_key IS NULL OR (
-        NOT EXISTS (SELECT 1 FROM {table} AS e
-                    WHERE hashtext(e.ordering_key) = hashtext(t.ordering_key)
-                      AND e.ordering_key = t.ordering_key
-                      AND e.seq < t.seq AND e.available_at > now())
-        AND NOT ($2::boolean AND EXISTS (SELECT 1 FROM {dead} AS d
-                                         WHERE d.ordering_key = t.ordering_key))))
-ORDER BY t.seq
-LIMIT $1
-FOR UPDATE OF t SKIP LOCKED
+-- delayed) or, with block ($2), whose key has a dead letter. Bounded by bytes ($3) as
+-- claim_batch is.
+SELECT id, exchange, routing_key, content, options, attempts, seq, ordering_key, created_at_s
+FROM (SELECT c.*,
+             sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
+                 OVER (ORDER BY c.seq)
+                 - COALESCE(octet_length(c.content), 0) - COALESCE(octet_length(c.options), 0)
+                 AS before
+      FROM (SELECT t.id::text AS id, t.exchange, t.routing_key,
+                   convert_to(t.content::text, 'UTF8') AS content,
+                   t.options::text AS options, GREATEST(t.attempts, 0) AS attempts, t.seq,
+                   t.ordering_key, EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s
+            FROM {table} AS t
+            WHERE t.available_at <= now()
+              AND (t.ordering_key IS NULL OR (
+                    NOT EXISTS (SELECT 1 FROM {table} AS e
+                                WHERE hashtext(e.ordering_key) = hashtext(t.ordering_key)
+                                  AND e.ordering_key = t.ordering_key
+                                  AND e.seq < t.seq AND e.available_at > now())
+                    AND NOT ($2::boolean AND EXISTS (SELECT 1 FROM {dead} AS d
+                                                     WHERE d.ordering_key = t.ordering_key))))
+            ORDER BY t.seq
+            LIMIT $1
+            FOR UPDATE OF t SKIP LOCKED) AS c) AS w
+WHERE w.before < $3
+ORDER BY seq
 
 -- name: single_active_fence
 -- RELAY_MODE=single-active: batches of all relays on this table run one at a time, so a leader

@@ -16,6 +16,7 @@ from typing import Any
 
 from pamqp import commands as spec
 
+from relay.caches import BoundedCache
 from relay.errors import InvalidRow
 from relay.interfaces import Fault, Message, OutboxRow, Reason
 from relay.options import Properties, parse_options
@@ -79,10 +80,12 @@ class Encoder:
     max_message_bytes: int = 16 * 1024 * 1024
     frame_max: int = DEFAULT_FRAME_MAX
     broker_user: str | None = None  # RabbitMQ refuses any other user_id
-    _routes: dict[tuple[str, str, bool], Fault | None] = field(default_factory=dict, repr=False)
+    # Bounded by bytes (relay/caches.py): producers choose exchanges, keys and headers.
+    _routes: BoundedCache[tuple[str, str, bool], tuple[Fault | None]] = field(
+        default_factory=lambda: BoundedCache(2 << 20), repr=False)
     # (id(Properties), id length) -> (the object, kept alive so its id is not reused; verdict)
-    _props: dict[tuple[int, int], tuple[Properties, Fault | None]] = field(
-        default_factory=dict, repr=False)
+    _props: BoundedCache[tuple[int, int], tuple[Properties, Fault | None]] = field(
+        default_factory=lambda: BoundedCache(4 << 20), repr=False)
 
     def build(self, row: OutboxRow) -> Message | Fault:
         """The row's message, or the reason it can never be published as it is."""
@@ -91,7 +94,8 @@ class Encoder:
                          "JSON, e.g. 'null'::jsonb)")
         if row.exchange is None:
             return Fault(Reason.INVALID_ROW, "exchange: NULL (use '' for the default exchange)")
-        body = row.content.encode()
+        # The store hands UTF-8 bytes (no copy); a str (tests, tools) is encoded.
+        body = row.content if isinstance(row.content, bytes) else row.content.encode()
         if len(body) > self.max_message_bytes:
             return Fault(Reason.TOO_LARGE, f"content: {len(body)} bytes exceeds the maximum "
                          f"message size ({self.max_message_bytes} bytes, RELAY_MAX_MESSAGE_BYTES)")
@@ -115,35 +119,37 @@ class Encoder:
         batch pays pamqp's encoding once per kind of row, not once per row.
         """
         route = (message.exchange, message.routing_key, message.mandatory)
-        if route not in self._routes:
-            if len(self._routes) > 10_000:
-                self._routes.clear()
-            self._routes[route] = _check_route(message)
-        fault = self._routes[route]
-        if fault is not None:
-            return fault
+        routed = self._routes.get(route)
+        if routed is None:
+            fault = _check_route(message)
+            routed = (fault,)
+            self._routes.put(route, routed, len(route[0]) + len(route[1]) + 200)
+        if routed[0] is not None:
+            return routed[0]
         p = message.properties
         key = (id(p), len(message.id.encode()))
         cached = self._props.get(key)
         if cached is None or cached[0] is not p:
-            if len(self._props) > 4096:
-                self._props.clear()
-            cached = (p, self._check_properties(message))
-            self._props[key] = cached
+            fault, size = self._check_properties(message)
+            cached = (p, fault)
+            # About what the entry keeps alive: the property set's strings and headers.
+            self._props.put(key, cached, 2 * size + 256)
         return cached[1]
 
-    def _check_properties(self, message: Message) -> Fault | None:
+    def _check_properties(self, message: Message) -> tuple[Fault | None, int]:
+        """Why the broker would refuse the message's properties, and their encoded size."""
         fault = _check_properties(message.properties, self.broker_user)
         if fault is not None:
-            return fault
+            return fault, 0
         try:
             size = len(amqp_properties(message).marshal()) + _HEADER_FIXED + _FRAME_OVERHEAD
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            return Fault(Reason.ENCODE_ERROR, f"options: AMQP cannot encode them ({exc})")
+            return Fault(Reason.ENCODE_ERROR, f"options: AMQP cannot encode them ({exc})"), 0
         if size > self.frame_max:
             return Fault(Reason.TOO_LARGE, f"options: the properties and headers encode to "
-                         f"{size} bytes, over the broker's frame size ({self.frame_max} bytes)")
-        return None
+                         f"{size} bytes, over the broker's frame size ({self.frame_max} bytes)"
+                         ), size
+        return None, size
 
 
 def _check_route(message: Message) -> Fault | None:

@@ -4,23 +4,25 @@ Pure code (no I/O) so that it can be checked byte for byte against pamqp in unit
 aiormq encodes every publish through pamqp objects (about 3x what the broker needs per
 message); here the Basic.Publish method frame is cached per (exchange, routing key,
 mandatory), the content-header properties are packed once per property set with only the row
-id spliced in per row (length-preserving, so no length prefix changes), and the whole batch
-becomes one bytes object. The bytes are those pamqp writes for the same message.
+id spliced in per row (length-preserving, so no length prefix changes), and the batch is
+written in pieces of about a megabyte of whole frames. The bytes are those pamqp writes for the
+same message.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import struct
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
-from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from relay.caches import BoundedCache
 from relay.interfaces import Message
 from relay.options import Properties
 
@@ -30,6 +32,9 @@ _HEADER_START = struct.Struct(">BHIHHQ")  # frame type, channel, size, class, we
 _BODY_START = struct.Struct(">BHI")
 
 PENDING, ACKED, NACKED = 0, 1, 2
+# A batch goes to the connection's writer in pieces of about this size, each awaited (drained)
+# before the next: memory holds one piece, not a copy of the whole batch.
+CHUNK_BYTES = 1 << 20
 
 PropertiesFor = Callable[[Message], spec.Basic.Properties]
 MethodFor = Callable[[str, str, bool], spec.Basic.Publish]
@@ -64,10 +69,12 @@ class FrameEncoder:
         self._method_for = method_for or (
             lambda x, k, m: spec.Basic.Publish(exchange=x, routing_key=k, mandatory=m)
         )
-        self._methods: dict[tuple[str, str, bool], bytes] = {}
+        # Both bounded by bytes (relay/caches.py): producers choose destinations and headers.
+        self._methods: BoundedCache[tuple[str, str, bool], bytes] = BoundedCache(2 << 20)
         # (id(Properties), id length) -> (the object, kept alive so its id is not reused;
         # the encoded properties split where the row id goes, or None: encode in full)
-        self._props: dict[tuple[int, int], tuple[Properties, list[bytes] | None]] = {}
+        self._props: BoundedCache[tuple[int, int], tuple[Properties, list[bytes] | None]] = (
+            BoundedCache(4 << 20))
 
     def method_frame(self, exchange: str, routing_key: str, mandatory: bool) -> bytes:
         """The Basic.Publish frame, encoded once per destination."""
@@ -76,9 +83,7 @@ class FrameEncoder:
         if cached is None:
             cached = pamqp_frame.marshal(self._method_for(exchange, routing_key, mandatory),
                                          self.channel)
-            if len(self._methods) > 10_000:
-                self._methods.clear()
-            self._methods[key] = cached
+            self._methods.put(key, cached, len(cached) + 100)
         return cached
 
     def _template(self, message: Message, id_size: int) -> list[bytes] | None:
@@ -99,9 +104,7 @@ class FrameEncoder:
             for stand_in in ("a", "b")
         ]
         parts = _slots(encoded[0], encoded[1], id_size)
-        if len(self._props) > 4096:
-            self._props.clear()
-        self._props[(id(p), id_size)] = (p, parts)
+        self._props.put((id(p), id_size), (p, parts), 3 * len(encoded[0]) + 256)
         return parts
 
     def header_frame(self, message: Message) -> bytes:
@@ -119,24 +122,39 @@ class FrameEncoder:
 
     def body_frames(self, body: bytes) -> bytes:
         """Content body frames, split at the negotiated frame size."""
+        return b"".join(self._body_frames(body))
+
+    def _body_frames(self, body: bytes) -> Iterator[bytes]:
+        """Each content body frame on its own (a large body is never copied whole at once)."""
         if len(body) <= self.max_body_frame:
-            return b"".join((_BODY_START.pack(3, self.channel, len(body)), body, FRAME_END))
-        step = self.max_body_frame
-        return b"".join(
-            pamqp_frame.marshal(ContentBody(body[i : i + step]), self.channel)
-            for i in range(0, len(body), step)
-        )
+            yield b"".join((_BODY_START.pack(3, self.channel, len(body)), body, FRAME_END))
+            return
+        view, step = memoryview(body), self.max_body_frame
+        for i in range(0, len(body), step):
+            piece = view[i : i + step]
+            yield b"".join((_BODY_START.pack(3, self.channel, len(piece)), piece, FRAME_END))
 
     def encode(self, messages: Sequence[Message]) -> bytes:
         """Method, header and body frames of every message, in order, as one write."""
+        return b"".join(self.encode_chunks(messages, chunk_bytes=None))
+
+    def encode_chunks(self, messages: Sequence[Message],
+                      chunk_bytes: int | None = CHUNK_BYTES) -> Iterator[bytes]:
+        """The same frames in writes of about `chunk_bytes` (whole frames each, in order), so
+        a batch of large messages is never one more copy of all its bodies in memory."""
         parts: list[bytes] = []
-        append = parts.append
+        size = 0
         for m in messages:
-            append(self.method_frame(m.exchange, m.routing_key, m.mandatory))
-            append(self.header_frame(m))
-            if m.body:
-                append(self.body_frames(m.body))
-        return b"".join(parts)
+            frames = [self.method_frame(m.exchange, m.routing_key, m.mandatory),
+                      self.header_frame(m)]
+            for frame in itertools.chain(frames, self._body_frames(m.body) if m.body else ()):
+                parts.append(frame)
+                size += len(frame)
+                if chunk_bytes is not None and size >= chunk_bytes:
+                    yield b"".join(parts)
+                    parts, size = [], 0
+        if parts:
+            yield b"".join(parts)
 
 
 @dataclass(eq=False, slots=True)

@@ -14,6 +14,7 @@ is the pipeline's business (relay/amqp/pipeline.py), the same for both.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -166,6 +167,15 @@ class PerMessage:
         return LOST
 
 
+class _PartlyWritten(Exception):
+    """Some pieces of a batch reached the writer, then it stopped taking more."""
+
+
+async def _close_quietly(raw: Any) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(raw.close(), timeout=5)
+
+
 def _exception(task: asyncio.Future[Any]) -> BaseException | None:
     return None if task.cancelled() else task.exception()
 
@@ -221,7 +231,6 @@ class Bulk:
         channel = self._confirm
         assert channel is not None
         loop = asyncio.get_running_loop()
-        payload = channel.encoder.encode(messages)
         done = loop.create_future()
 
         def finished() -> None:
@@ -233,8 +242,15 @@ class Bulk:
                 return Sent([LOST] * len(messages))
             tags = channel.tracker.add([m.id for m in messages], finished)
             try:
-                drain = await compat.write(channel.raw, payload, deadline - loop.time())
+                drain = await self._write(channel, messages, deadline)
             except BaseException as exc:
+                if isinstance(exc, _PartlyWritten):
+                    # Part of the batch is with the writer: the tags no longer match what
+                    # the broker will count. Close the channel (every unconfirmed delivery
+                    # on it is not published) and let the pipeline reopen it.
+                    channel.tracker.discard(tags)
+                    await _close_quietly(channel.raw)
+                    return Sent([LOST] * len(messages))
                 # Not written: give the tags back so the next pass's numbering stays exact.
                 channel.tracker.next_tag = tags.first
                 channel.tracker.discard(tags)
@@ -253,6 +269,26 @@ class Bulk:
             if not drain.done():
                 drain.cancel()
         return self._settle(channel, messages, tags, timed_out, loop.time() - started)
+
+    @staticmethod
+    async def _write(channel: _ConfirmChannel, messages: Sequence[Message],
+                     deadline: float) -> asyncio.Future[None]:
+        """Hand the batch to the connection's writer piece by piece, each piece drained to
+        the socket before the next is encoded; return the last piece's drain future."""
+        loop = asyncio.get_running_loop()
+        drain: asyncio.Future[None] | None = None
+        for index, chunk in enumerate(channel.encoder.encode_chunks(messages)):
+            try:
+                if drain is not None:
+                    await asyncio.wait_for(asyncio.shield(drain),
+                                           max(deadline - loop.time(), 0))
+                drain = await compat.write(channel.raw, chunk, deadline - loop.time())
+            except TimeoutError:
+                if index:
+                    raise _PartlyWritten from None
+                raise
+        assert drain is not None
+        return drain
 
     def _settle(self, channel: _ConfirmChannel, messages: Sequence[Message], tags: TagRange,
                 timed_out: bool, waited_s: float) -> Sent:

@@ -52,6 +52,7 @@ class BatchReport:
     publish_s: float = 0.0
     batch_s: float = 0.0
     confirmed_at: float = 0.0
+    full_by_bytes: bool = False  # the byte budget ended the claim: more rows may be due
 
     @property
     def untouched_outside(self) -> bool:
@@ -70,6 +71,7 @@ async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan) -> Batc
         if not rows:
             await claim.commit()
             return BatchReport()
+        full_by_bytes = claim.full_by_bytes
         deadline = asyncio.get_running_loop().time() + plan.publish_budget_s
         messages, refused = build(publisher, rows)
         publish_started = time.perf_counter()
@@ -82,7 +84,7 @@ async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan) -> Batc
         await claim.commit()
     log_verdicts(verdicts)
     return BatchReport(rows, verdicts, held, publish_s, time.perf_counter() - started,
-                       time.time())
+                       time.time(), full_by_bytes)
 
 
 def build(

@@ -63,6 +63,7 @@ class Worker:
                                         stopping=self._stopping)
         self.published_total = 0
         self._last_had_keys = False
+        self._last_full_by_bytes = False
         self.last_loop_at = time.monotonic()
 
     def wake(self) -> None:
@@ -161,7 +162,7 @@ class Worker:
         # of which would come back empty (this matters when sweeps come every few ms).
         if self.publisher.ready:
             claimed = await self.run_batch()
-            short = claimed < self.config.batch_size and not (claimed and self._last_had_keys)
+            short = self._short(claimed)
             if short and not self._wake.is_set():
                 return
         # A lane that fails (its database connection dropped) must not cancel the others: their
@@ -203,7 +204,7 @@ class Worker:
             claimed = await self.run_batch()
             # A keyed claim is also bounded by the keys per batch, so a short batch with keyed
             # rows does not mean the backlog is empty: only an empty claim says that.
-            if claimed < self.config.batch_size and not (claimed and self._last_had_keys):
+            if self._short(claimed):
                 if self._wake.is_set() and not self.stopping:
                     # Rows were committed while this batch was in flight: claim them now
                     # instead of waiting for the other lanes to finish (steady-load latency).
@@ -211,6 +212,14 @@ class Worker:
                     self._wake.clear()
                     continue
                 return
+
+    def _short(self, claimed: int) -> bool:
+        """The last batch came back short: the backlog is drained for now. A keyed claim is
+        also bounded by the keys per batch and any claim by bytes, so a batch cut by either
+        says nothing about the backlog: only an empty claim does then."""
+        if claimed >= self.config.batch_size:
+            return False
+        return not (claimed and (self._last_had_keys or self._last_full_by_bytes))
 
     async def _wait_broker(self) -> None:
         ready = asyncio.ensure_future(self.publisher.wait_ready())
@@ -233,6 +242,7 @@ class Worker:
         self.db_supervisor.ok()
         rows = report.rows
         self.claimed_total += len(rows)
+        self._last_full_by_bytes = report.full_by_bytes
         if not rows:
             self._last_had_keys = False
             return 0

@@ -149,6 +149,7 @@ class _Claim:
         self._tx = tx
         self._q = queries
         self.rows: Sequence[OutboxRow] = rows
+        self.full_by_bytes = False
         self._on_success = on_success
         self.committed = False
 
@@ -179,35 +180,47 @@ class _Claim:
 
 
 async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
-                        keyed_first: bool = True) -> list[OutboxRow]:
-    """Lock up to `limit` rows, keyed head runs and unkeyed rows; return them in seq order.
+                        keyed_first: bool = True) -> tuple[list[OutboxRow], bool]:
+    """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
+    unkeyed rows; return them in seq order, and whether the byte budget ended the claim.
 
     The first kind claimed may fill the batch and the other gets the rest; callers alternate
     `keyed_first`, so that a deep backlog of one kind cannot starve the other while a table
     holding one kind only still gets full batches.
     """
     records: list[Any] = []
+    used = 0
     if opts.fence:
         # single-active: one claimer at a time, so plain seq order keeps every key's order.
         await conn.execute(q["single_active_fence"])
-        records = await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead)
+        records = await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead,
+                                   opts.max_bytes)
+        used = _bytes(records)
     for keyed in (keyed_first, not keyed_first) if not opts.fence else ():
         room = limit - len(records)
-        if room <= 0:
+        if room <= 0 or used >= opts.max_bytes:
             break
         if keyed:
-            records += await conn.fetch(q["claim_keyed"], room, opts.keys_per_batch,
-                                        opts.block_on_dead)
+            got = await conn.fetch(q["claim_keyed"], room, opts.keys_per_batch,
+                                   opts.block_on_dead, opts.max_bytes - used)
         else:
-            records += await conn.fetch(q["claim_batch"], room)
+            got = await conn.fetch(q["claim_batch"], room, opts.max_bytes - used)
+        records += got
+        used += _bytes(got)
     records.sort(key=lambda r: r["seq"])
-    return [
+    rows = [
         # attempts is producer-writable: a negative count reads as none made yet.
         OutboxRow(r["id"], r["exchange"], r["routing_key"], r["content"], r["options"],
                   max(r["attempts"], 0), created_at_s=r["created_at_s"],
                   ordering_key=r["ordering_key"])
         for r in records
     ]
+    return rows, used >= opts.max_bytes
+
+
+def _bytes(records: Sequence[Any]) -> int:
+    """Content and options bytes of claimed records (what the budget counts)."""
+    return sum(len(r["content"] or b"") + len((r["options"] or "").encode()) for r in records)
 
 
 class Outbox:
@@ -278,13 +291,14 @@ class Outbox:
             try:
                 await tx.start()
                 self._claims += 1
-                records = await claim_records(conn, self.q, self.claim_options, limit,
-                                              keyed_first=self._claims % 2 == 0)
+                records, full_by_bytes = await claim_records(
+                    conn, self.q, self.claim_options, limit, keyed_first=self._claims % 2 == 0)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
                 raise DatabaseError(f"claiming rows failed: {exc}") from exc
             batch = _Claim(conn, tx, self.q, records, self._on_success)
+            batch.full_by_bytes = full_by_bytes
             try:
                 yield batch
             finally:

@@ -82,3 +82,35 @@ def test_tracker__closed_channel_leaves_unconfirmed_tags_pending() -> None:
     tracker.abandon_all()
     assert done == ["a"]
     assert list(a.status) == [ACKED, PENDING]
+
+
+def test_encode_chunks__whole_frames_in_pieces_that_join_to_the_one_write() -> None:
+    """A batch goes to the writer in pieces of about a megabyte, never as one more copy of
+    all its bodies; each piece is whole frames (other channels may write between pieces)."""
+    shared = Properties()
+    messages = [Message(f"0b0c5a8e-0000-4000-8000-{i:012d}", "x", "rk",
+                        b"y" * (300_000 if i % 3 == 0 else 50), shared, True) for i in range(12)]
+    encoder = FrameEncoder(3, 131072, amqp_properties)
+    chunks = list(encoder.encode_chunks(messages, chunk_bytes=200_000))
+    assert b"".join(chunks) == b"".join(_reference(m, 3, 131072) for m in messages)
+    assert len(chunks) >= 5
+    for chunk in chunks:  # every piece parses as whole frames
+        offset = 0
+        while offset < len(chunk):
+            size = int.from_bytes(chunk[offset + 3:offset + 7], "big")
+            assert chunk[offset + 7 + size] == 0xCE
+            offset += 8 + size
+        assert offset == len(chunk)
+    assert max(len(c) for c in chunks) < 200_000 + 131072
+
+
+def test_bounded_cache__weights_never_exceed_the_budget_and_heavy_entries_are_not_kept() -> None:
+    from relay.caches import BoundedCache
+
+    cache: BoundedCache[int, str] = BoundedCache(10_000, max_entry_bytes=3_000)
+    for i in range(1000):
+        cache.put(i, "v", 700)
+        assert cache.weight <= 10_000
+    cache.put(-1, "heavy", 5_000)
+    assert cache.get(-1) is None
+    assert cache.get(999) == "v"

@@ -1,0 +1,102 @@
+"""The relay's memory has a ceiling set by bytes, not rows: rows near the size limit committed
+together stay under the Deployment's memory limit (real servers, a real `relay run`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import asyncpg
+import pytest
+import yaml
+
+from tests.helpers import Consumer, Env, count_rows, wait_until
+
+DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "deployment.yaml"
+
+
+def _deployment_limit_bytes() -> int:
+    """The relay container's memory limit in deploy/k8s/deployment.yaml."""
+    for doc in yaml.safe_load_all(DEPLOYMENT.read_text()):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            limit = container.get("resources", {}).get("limits", {}).get("memory")
+            if container["name"] == "relay" and limit:
+                value, unit = re.fullmatch(r"(\d+)(Mi|Gi)", limit).groups()  # type: ignore[union-attr]
+                return int(value) * (1 << (20 if unit == "Mi" else 30))
+    raise AssertionError("no memory limit for the relay container in deployment.yaml")
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    """VmHWM: the process's peak resident set so far."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_rows_near_the_size_limit_committed_together__peak_memory_under_the_limit(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """Twelve 15 MiB rows took a relay to 483 MiB (limit 384 MiB): every replica that claimed
+    them was OOM-killed, in a loop, and the line stopped."""
+    body = '"' + "x" * (15 * 1024 * 1024 - 2) + '"'
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        async with conn.transaction():
+            for _ in range(12):
+                await conn.execute(
+                    "INSERT INTO queue_message (exchange, routing_key, content) "
+                    "VALUES ($1, $2, $3::jsonb)", env.exchange, env.routing_key, body)
+            await conn.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content) "
+                "SELECT $1, $2, jsonb_build_object('n', g) FROM generate_series(1, 300) g",
+                env.exchange, env.routing_key)
+    finally:
+        await conn.close()
+    relay = start_relay(poll_interval_s=1)
+    await consumer.wait_for(312, timeout_s=120)
+    await wait_until(lambda: _empty(env), what="an empty outbox")
+    peak = _peak_rss_bytes(relay.pid)
+    limit = _deployment_limit_bytes()
+    print(f"relay peak RSS {peak / 2**20:.0f} MiB, Deployment limit {limit / 2**20:.0f} MiB")
+    assert peak < limit, f"peak RSS {peak / 2**20:.0f} MiB >= limit {limit / 2**20:.0f} MiB"
+    assert consumer.duplicates() == 0
+    assert relay.alive()
+    await asyncio.sleep(0)
+
+
+async def _empty(env: Env) -> bool:
+    return await count_rows(env.pg_dsn) == 0
+
+
+@pytest.mark.parametrize(("mode", "keyed"), [("parallel", False), ("parallel", True),
+                                             ("single-active", True)])
+async def test_claims_of_every_kind__stop_at_the_byte_budget_and_keep_key_order(
+    env: Env, consumer: Consumer, start_relay, mode: str, keyed: bool
+) -> None:
+    """The unkeyed claim, the keyed claim function and the single-active claim all stop once
+    the rows taken reach RELAY_BATCH_MAX_BYTES (the first row always goes)."""
+    body = '"' + "z" * (1024 * 1024 - 2) + '"'  # 1 MiB
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+            "SELECT $1, $2, jsonb_build_object('n', g, 'pad', $3::text), $4 "
+            "FROM generate_series(1, 12) g",
+            env.exchange, env.routing_key, body, "k" if keyed else None)
+    finally:
+        await conn.close()
+    relay = start_relay(batch_max_bytes=int(2.5 * 1024 * 1024), mode=mode, log_level="debug",
+                        leader_poll_interval_s=0.2)
+    await consumer.wait_for(12, timeout_s=60)
+    claimed = [e["claimed"] for e in relay.log_events() if e.get("event") == "batch_settled"]
+    assert sum(claimed) == 12, claimed
+    # Rows of 1 MiB against 2.5 MiB: a batch takes rows while the bytes before it are under
+    # the budget, so three at most.
+    assert max(claimed) <= 3, claimed
+    if keyed:
+        assert [json.loads(m.body)["n"] for m in consumer.messages] == list(range(1, 13))
