@@ -59,6 +59,7 @@ class Reason(StrEnum):
     NACKED = "nacked"
     EXCHANGE_NOT_FOUND = "exchange_not_found"
     CHANNEL_CLOSED_BY_ROW = "channel_closed_by_row"
+    DESTINATION_REFUSED = "destination_refused"  # its exchange closed the probe channel lately
     CONFIRM_TIMEOUT = "confirm_timeout"
     # A bug in the relay's path for this row: dead at once, with a log line.
     INTERNAL = "internal"

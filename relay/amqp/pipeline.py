@@ -8,9 +8,14 @@ A batch's publish is a few passes, all ending by the batch's deadline:
    from what the broker said: acked and not returned -> confirmed; returned -> `unroutable`;
    nacked -> `nacked`; no confirm by the deadline -> unknown (a late confirm is not the row's
    fault);
-3. when the broker closed the channel under the pass, everything unconfirmed on it is sent
-   again on a new channel one message at a time, so that the row that closes it alone fails
-   (`channel_closed_by_row`) and the others are delivered.
+   Before that, the first message to an exchange not yet proven on this connection goes alone
+   on the probe channel (relay/amqp/destinations.py): a refusal the encoder cannot foresee
+   (permissions, an internal exchange) closes only that channel, fails only that row
+   (`channel_closed_by_row`), and the exchange's other rows fail unsent for a while
+   (`destination_refused`);
+3. when the broker closed the shared channel under the pass anyway, everything unconfirmed on
+   it is sent again one message at a time on the probe channel, so that the row that closes it
+   alone fails (`channel_closed_by_row`) and the others are delivered.
 
 Messages whose fate stays unknown are `unsent` with an outside cause (broker_lost, blocked,
 deadline, shutdown): their rows are left untouched. A pass where the broker confirmed nothing
@@ -28,6 +33,7 @@ import structlog
 
 from relay.amqp import compat
 from relay.amqp.connection import BrokerConnection
+from relay.amqp.destinations import Destinations
 from relay.amqp.encoder import Encoder
 from relay.amqp.frames import ACKED, NACKED
 from relay.amqp.transports import LOST, TIMEOUT, Bulk, PerMessage, Sent, Transport
@@ -37,6 +43,8 @@ from relay.supervise import Supervisor
 log = structlog.get_logger("relay.amqp.pipeline")
 
 PASSES = 3
+# Channel-close reasons that are about the exchange, not about one message's properties.
+_DESTINATION_CODES = ("ACCESS_REFUSED", "NOT_FOUND")
 
 
 class Pipeline:
@@ -49,6 +57,7 @@ class Pipeline:
         *,
         publish_timeout_s: float,
         encoder: Encoder | None = None,
+        probe: Transport | None = None,
     ) -> None:
         self.connection = connection
         self.transport = transport
@@ -56,9 +65,16 @@ class Pipeline:
         self.encoder = encoder or Encoder()
         self.encoder.broker_user = connection.user
         self._reopen_lock = asyncio.Lock()
+        # The probe channel (relay/amqp/destinations.py): the first message to an exchange
+        # not yet proven on this connection, and every message sent alone after a channel
+        # close, go there, where nothing else is in flight. None: no probing (tests).
+        self.probe = probe
+        self.destinations = Destinations()
+        self._probe_lock = asyncio.Lock()
         connection.on_open(self._opened)
 
     async def _opened(self, raw: object) -> None:
+        self.destinations.forget_proven()
         # A header frame larger than the size the broker negotiated closes the connection:
         # the encoder checks against this connection's value, not a constant.
         negotiated = compat.connection_frame_max(raw)
@@ -125,7 +141,9 @@ class Pipeline:
             if not pending or self._outside_cause(deadline) is not None:
                 break
             pending = await self._checked(pending, result, deadline)
-            if not pending or not await self._channel_ready():
+            if pending and self.probe is not None:
+                pending = await self._proven(pending, result, deadline)
+            if not pending or not await self._channel_ready(deadline):
                 break
             pending, closed = await (self._isolated if isolate else self._pass)(
                 pending, result, deadline
@@ -173,15 +191,20 @@ class Pipeline:
                 sendable.append(m)
         return sendable
 
-    async def _channel_ready(self) -> bool:
-        """The transport's channel is open, reopened when a close took it away."""
+    async def _channel_ready(self, deadline: float) -> bool:
+        """The transport's channel is open, reopened (by the deadline) when a close took it
+        away."""
+        loop_time = asyncio.get_running_loop().time
         async with self._reopen_lock:
             if self.transport.usable:
                 return True
             if not self.connection.connected:
                 return False
             try:
-                await self.transport.open(self.connection.raw)
+                # Bounded by the batch's deadline: an open that hangs (a broker gone silent)
+                # must not hold the claim past the idle-in-transaction bound.
+                await asyncio.wait_for(self.transport.open(self.connection.raw),
+                                       timeout=max(deadline - loop_time(), 0.0))
             except (TimeoutError, RuntimeError, *compat.BROKER_LOST, *compat.CHANNEL_GONE):
                 # aio-pika raises RuntimeError for a channel on a connection that just closed.
                 return False
@@ -195,10 +218,11 @@ class Pipeline:
         unknown = await self._settle(messages, sent, result)
         return unknown, sent.closed_by_broker is not None
 
-    async def _send(self, messages: list[Message], deadline: float) -> Sent:
+    async def _send(self, messages: list[Message], deadline: float,
+                    transport: Transport | None = None) -> Sent:
         """The transport's send; a connection that dies under it leaves the pass unknown."""
         try:
-            return await self.transport.send(messages, deadline)
+            return await (transport or self.transport).send(messages, deadline)
         except asyncio.CancelledError:
             _reraise_if_cancelled()  # aiormq cancels what waits on a connection it dropped
         except (*compat.BROKER_LOST, *compat.CHANNEL_GONE, RuntimeError):
@@ -207,21 +231,105 @@ class Pipeline:
 
     async def _isolated(self, messages: list[Message], result: PublishResult,
                         deadline: float) -> tuple[list[Message], bool]:
-        """One message per send; a message whose send closes the channel alone fails."""
+        """One message per send, on the probe channel where nothing else is in flight (or on
+        the shared one without a probe); a message whose send closes the channel alone fails."""
+        loop = asyncio.get_running_loop()
         for index, m in enumerate(messages):
-            if self._outside_cause(deadline) is not None or not await self._channel_ready():
+            if self._outside_cause(deadline) is not None:
                 return messages[index:], False
-            sent = await self._send([m], deadline)
+            refusal = self.destinations.refusal(m.exchange, loop.time())
+            if refusal is not None:  # an earlier message of this pass found it refusing
+                result.failed[m.id] = refusal
+                continue
+            sent = await self._alone(m, deadline)
+            if sent is None:
+                return messages[index:], False
             if sent.closed_by_broker is not None and sent.status[0] not in (ACKED, NACKED):
-                result.failed[m.id] = Fault(
-                    Reason.CHANNEL_CLOSED_BY_ROW,
-                    f"the broker closed the channel when this message was published "
-                    f"(exchange {m.exchange!r}, key {m.routing_key!r}): {sent.closed_by_broker}",
-                )
+                self._refused(m, sent.closed_by_broker, result)
                 continue
             if await self._settle([m], sent, result):
                 return messages[index:], False
         return [], False
+
+    async def _alone(self, m: Message, deadline: float) -> Sent | None:
+        """Send one message where nothing else is in flight; None: no channel to send on."""
+        if self.probe is None:
+            if not await self._channel_ready(deadline):
+                return None
+            return await self._send([m], deadline)
+        async with self._probe_lock:
+            if not self.probe.usable:
+                if not self.connection.connected:
+                    return None
+                left = deadline - asyncio.get_running_loop().time()
+                try:
+                    await asyncio.wait_for(self.probe.open(self.connection.raw),
+                                           timeout=max(left, 0.0))
+                except (TimeoutError, RuntimeError, *compat.BROKER_LOST, *compat.CHANNEL_GONE):
+                    return None
+            return await self._send([m], deadline, self.probe)
+
+    def _refused(self, m: Message, why: str, result: PublishResult) -> None:
+        """The broker closed the channel for this message alone: it fails; when the close
+        says the exchange refuses the relay (403 access refused, 404 not found, not a 406 about
+        this message's properties), the exchange is remembered as refusing too."""
+        if any(code in why for code in _DESTINATION_CODES):
+            self.destinations.refuse(m.exchange, why, asyncio.get_running_loop().time())
+        result.failed[m.id] = Fault(
+            Reason.CHANNEL_CLOSED_BY_ROW,
+            f"the broker closed the channel when this message was published "
+            f"(exchange {m.exchange!r}, key {m.routing_key!r}): {why}",
+        )
+
+    async def _proven(self, pending: list[Message], result: PublishResult,
+                      deadline: float) -> list[Message]:
+        """The messages that may go on the shared channel: those to proven exchanges, and
+        the rest of an exchange whose first message the probe channel just got confirmed.
+        Messages to an exchange that refused lately fail without being sent."""
+        loop = asyncio.get_running_loop()
+        shared: list[Message] = []
+        waiting: dict[str, list[Message]] = {}
+        for m in pending:
+            now = loop.time()
+            refusal = self.destinations.refusal(m.exchange, now)
+            if refusal is not None:
+                result.failed[m.id] = refusal
+            elif self.destinations.proven(m.exchange, now):
+                shared.append(m)
+            else:
+                waiting.setdefault(m.exchange, []).append(m)
+        for exchange, group in waiting.items():
+            if self.destinations.proven(exchange, loop.time()):  # another lane proved it
+                shared += group
+            else:
+                shared += await self._probe(group, result, deadline)
+        order = {m.id: i for i, m in enumerate(pending)}
+        return sorted(shared, key=lambda m: order[m.id])
+
+    async def _probe(self, group: list[Message], result: PublishResult,
+                     deadline: float) -> list[Message]:
+        """Send the first message of one unproven exchange alone; return the rest when the
+        broker confirmed it (the exchange is proven), settle them otherwise."""
+        loop = asyncio.get_running_loop()
+        first, rest = group[0], group[1:]
+        cause = self._outside_cause(deadline)
+        sent = None if cause is not None else await self._alone(first, deadline)
+        if sent is not None and sent.closed_by_broker is not None \
+                and sent.status[0] not in (ACKED, NACKED):
+            self._refused(first, sent.closed_by_broker, result)
+            refusal = self.destinations.refusal(first.exchange, loop.time())
+            for m in rest:
+                if refusal is not None:
+                    result.failed[m.id] = refusal
+            return []
+        if sent is not None and sent.status[0] in (ACKED, NACKED):
+            self.destinations.prove(first.exchange, loop.time())
+            await self._settle([first], sent, result)
+            return rest
+        # No answer for the probe: its fate and its exchange's are unknown; leave them.
+        for m in group:
+            result.unsent[m.id] = self._outside_cause(deadline) or Reason.BROKER_LOST
+        return []
 
     async def _settle(self, messages: list[Message], sent: Sent,
                       result: PublishResult) -> list[Message]:
@@ -276,7 +384,8 @@ class AmqpPublisher(Pipeline):
     def __init__(self, url: str, *, publish_timeout_s: float, reconnect_max_s: float = 30.0,
                  supervisor: Supervisor | None = None, encoder: Encoder | None = None) -> None:
         super().__init__(_connection(url, reconnect_max_s, supervisor), PerMessage(),
-                         publish_timeout_s=publish_timeout_s, encoder=encoder)
+                         publish_timeout_s=publish_timeout_s, encoder=encoder,
+                         probe=PerMessage())
 
 
 class BulkPublisher(Pipeline):
@@ -285,7 +394,8 @@ class BulkPublisher(Pipeline):
     def __init__(self, url: str, *, publish_timeout_s: float, reconnect_max_s: float = 30.0,
                  supervisor: Supervisor | None = None, encoder: Encoder | None = None) -> None:
         super().__init__(_connection(url, reconnect_max_s, supervisor), Bulk(),
-                         publish_timeout_s=publish_timeout_s, encoder=encoder)
+                         publish_timeout_s=publish_timeout_s, encoder=encoder,
+                         probe=PerMessage())
 
 
 def _connection(url: str, reconnect_max_s: float, supervisor: Supervisor | None

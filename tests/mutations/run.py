@@ -101,6 +101,27 @@ MUTATIONS: tuple[Mutation, ...] = (
              "::test_black_hole_to_rabbitmq__batches_sent_into_it_time_out_and_are_delivered_later",
     ),
     Mutation(
+        name="refusal-on-the-shared-channel",
+        promise="A refusal the encoder cannot foresee costs no other message: no duplicate, "
+                "no good row blamed",
+        # The first message to a new exchange no longer goes alone on the probe channel: an
+        # internal exchange closes the shared channel under every lane's messages.
+        edits=(Edit("relay/amqp/pipeline.py", r"if pending and self\.probe is not None:",
+                    "if False:"),),
+        test="tests/integration/test_broker_refusals.py",
+    ),
+    Mutation(
+        name="late-confirm-charged",
+        promise="A confirm that comes late is not the row's fault: no attempt counted",
+        edits=(Edit(
+            "relay/amqp/pipeline.py",
+            r"result\.unsent\[m\.id\] = Reason\.DEADLINE\n",
+            "result.failed[m.id] = Fault(Reason.CONFIRM_TIMEOUT, 'late')\n",
+        ),),
+        test="tests/unit/test_pipeline.py"
+             "::test_publish__a_late_confirm_while_the_broker_confirms_others_is_not_the_rows_fault",
+    ),
+    Mutation(
         name="broker-loss-deletes-unsent",
         promise="No loss: rows whose publish a broker loss cut off stay in the outbox",
         edits=(Edit(

@@ -251,3 +251,74 @@ async def test_publish__a_real_cancellation_still_stops_the_publish() -> None:
     except asyncio.CancelledError:
         return
     raise AssertionError("a cancelled publish returned instead of stopping")
+
+
+def _probed(conn: FakeConnection, probe_answer: Answer, *answers: Answer
+            ) -> tuple[Pipeline, ScriptedTransport, ScriptedTransport]:
+    transport = ScriptedTransport(list(answers))
+    probe = ScriptedTransport([probe_answer] * 20)
+    pipeline = Pipeline(conn, transport, publish_timeout_s=15, probe=probe)  # type: ignore[arg-type]
+    return pipeline, transport, probe
+
+
+def _to(exchange: str, *ids: str) -> list[Message]:
+    return [Message(i, exchange, "rk", b"{}", BATCH[0].properties, True) for i in ids]
+
+
+async def test_probe__the_first_message_to_a_new_exchange_goes_alone_then_the_rest_share() -> None:
+    batch = [*_to("a", "a0", "a1"), *_to("b", "b0", "b1", "b2")]
+    pipeline, shared, probe = _probed(FakeConnection(), lambda ms: Sent([ACKED]))
+    result = await pipeline.publish(batch)
+    assert probe.sends == [["a0"], ["b0"]]
+    assert shared.sends == [["a1", "b1", "b2"]]
+    assert sorted(result.confirmed) == ["a0", "a1", "b0", "b1", "b2"]
+    # Proven now: the next batch goes on the shared channel only.
+    await pipeline.publish(_to("a", "a2"))
+    assert probe.sends == [["a0"], ["b0"]]
+    assert shared.sends[-1] == ["a2"]
+
+
+async def test_probe__a_refusing_exchange_costs_no_other_message_and_is_remembered() -> None:
+    """An exchange the relay may not write to (403) closed the shared channel: every lane's
+    unconfirmed messages were re-sent (duplicates) and a good row could be blamed."""
+    def probe_answer(ms: Sequence[Message]) -> Sent:
+        if ms[0].exchange == "amq.rabbitmq.trace":
+            return Sent([LOST], closed_by_broker="ACCESS_REFUSED - cannot publish to internal "
+                                                 "exchange")
+        return Sent([ACKED])
+
+    batch = [*_to("good", "g0", "g1"), *_to("amq.rabbitmq.trace", "t0", "t1")]
+    pipeline, shared, probe = _probed(FakeConnection(), probe_answer)
+    result = await pipeline.publish(batch)
+    assert shared.sends == [["g1"]]
+    assert sorted(result.confirmed) == ["g0", "g1"]
+    assert result.failed["t0"].reason is Reason.CHANNEL_CLOSED_BY_ROW
+    assert result.failed["t1"].reason is Reason.DESTINATION_REFUSED
+    again = await pipeline.publish(_to("amq.rabbitmq.trace", "t2"))
+    assert again.failed["t2"].reason is Reason.DESTINATION_REFUSED
+    assert ["t2"] not in probe.sends, "a remembered refusal is not sent again"
+
+
+async def test_probe__after_a_shared_channel_close_the_rest_go_one_by_one_on_the_probe(
+) -> None:
+    """Isolation on the shared channel could be caught by another lane's message closing
+    it, and a good row blamed; on the probe channel nothing else is in flight."""
+    def closed(ms: Sequence[Message]) -> Sent:
+        return Sent([ACKED] + [LOST] * (len(ms) - 1), closed_by_broker="ACCESS_REFUSED")
+
+    def probe_answer(ms: Sequence[Message]) -> Sent:
+        if ms[0].exchange == "y":  # its write permission was revoked after it was proven
+            return Sent([LOST], closed_by_broker="ACCESS_REFUSED - write access")
+        return Sent([ACKED])
+
+    batch = [*_to("x", "m0", "m1"), *_to("y", "m2", "m5"), *_to("x", "m3", "m4")]
+    pipeline, shared, probe = _probed(FakeConnection(), probe_answer, closed)
+    now = asyncio.get_running_loop().time()
+    pipeline.destinations.prove("x", now)
+    pipeline.destinations.prove("y", now)
+    result = await pipeline.publish(batch)
+    assert shared.sends == [["m0", "m1", "m2", "m5", "m3", "m4"]]
+    assert probe.sends == [["m1"], ["m2"], ["m3"], ["m4"]]
+    assert sorted(result.confirmed) == ["m0", "m1", "m3", "m4"]
+    assert result.failed["m2"].reason is Reason.CHANNEL_CLOSED_BY_ROW
+    assert result.failed["m5"].reason is Reason.DESTINATION_REFUSED

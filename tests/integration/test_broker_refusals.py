@@ -1,0 +1,90 @@
+"""Refusals the encoder cannot foresee (an internal exchange, an exchange the relay's user may
+not write to) cost no other message: no duplicate, no good row blamed, among many good rows
+published by two relays of three lanes (real servers)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+import pytest
+
+from tests.helpers import Consumer, Env, count_rows, wait_until
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def limited_user() -> Iterator[tuple[str, str]]:
+    """A broker user that may write to every exchange except those named forbidden-*."""
+    user, password = f"relay_lim_{secrets.token_hex(3)}", secrets.token_hex(8)
+    _rabbitmqctl("add_user", user, password)
+    try:
+        _rabbitmqctl("set_permissions", "-p", "/", user, ".*", "^(?!forbidden-).*", ".*")
+        yield user, password
+    finally:
+        subprocess.run(["rabbitmqctl", "-q", "delete_user", user], capture_output=True,
+                       timeout=60, check=False)
+
+
+def _as(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+
+async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blamed(
+    env: Env, consumer: Consumer, start_relay, limited_user: tuple[str, str]
+) -> None:
+    """Three such rows among 900 good ones: each was parked, but 400 good rows were
+    delivered twice (a channel close lost the confirms of every lane's messages)."""
+    forbidden = f"forbidden-{env.exchange}"
+    conn = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await conn.channel()
+        exchange = await channel.declare_exchange(forbidden, auto_delete=True)
+        queue = await channel.get_queue(env.queue)
+        await queue.bind(exchange, routing_key="rk")
+    finally:
+        await conn.close()
+    rows = [(env.exchange, env.routing_key, {"good": i}) for i in range(900)]
+    for at, target in ((150, "amq.rabbitmq.trace"), (450, forbidden), (750, "amq.rabbitmq.trace")):
+        rows.insert(at, (target, "rk", {"refused": at}))
+    db = await asyncpg.connect(env.pg_dsn)
+    try:
+        ids = [r[0] for r in await db.fetch(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[]) RETURNING id::text",
+            [r[0] for r in rows], [r[1] for r in rows], [json.dumps(r[2]) for r in rows])]
+    finally:
+        await db.close()
+    refused = {row_id for row_id, row in zip(ids, rows, strict=True) if row[0] != env.exchange}
+    assert len(refused) == 3
+    url = _as(env.amqp_url, *limited_user)
+    relays = [start_relay(amqp_url=url, concurrency=3, max_attempts=1) for _ in range(2)]
+    await consumer.wait_for(900, timeout_s=60)
+    await wait_until(lambda: _empty(env), what="every row settled")
+    receipts = Counter(consumer.ids())
+    assert set(receipts) == set(ids) - refused
+    assert max(receipts.values()) == 1, [k for k, n in receipts.items() if n > 1][:5]
+    db = await asyncpg.connect(env.pg_dsn)
+    try:
+        dead = {r["id"]: r["reason"] for r in await db.fetch(
+            "SELECT id::text, reason FROM queue_message_dead")}
+    finally:
+        await db.close()
+    assert set(dead) == refused, dead
+    assert all("ACCESS_REFUSED" in reason for reason in dead.values()), dead
+    assert all(relay.alive() for relay in relays)
+
+
+async def _empty(env: Env) -> bool:
+    return await count_rows(env.pg_dsn) == 0
