@@ -192,6 +192,8 @@ class Worker:
     async def _lane_batches(self, failed: asyncio.Event) -> None:
         while not self.stopping and not failed.is_set():
             if not self.publisher.ready:
+                # Hand the sleeper role to a replica that can publish meanwhile.
+                await self.gate.step_down()
                 await self._wait_broker()
                 if self.stopping:
                     return

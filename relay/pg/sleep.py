@@ -54,6 +54,9 @@ class WakeupGate(Protocol):
     def sleep_cap_s(self) -> float | None:
         """Upper bound of the coming sleep, or None for the worker's own (poll interval)."""
 
+    async def step_down(self) -> None:
+        """This relay cannot publish now: let a replica that can take the sleeper role."""
+
     async def close(self) -> None:
         """Release everything (stop)."""
 
@@ -75,6 +78,9 @@ class AlwaysNotified:
     def sleep_cap_s(self) -> float | None:
         """The worker's poll interval applies."""
         return None
+
+    async def step_down(self) -> None:
+        """No role to give up."""
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -248,6 +248,22 @@ class LockGate:
             self.held = False
             self._release = asyncio.ensure_future(self._unlock())
 
+    async def step_down(self) -> None:
+        """This relay cannot publish (its broker connection is down): end the gate session,
+        so that the sleeper role goes to a replica that can. Producers then see that replica
+        asleep and notify, instead of skipping the NOTIFY for a relay that cannot act on it
+        (the other replicas would only have seen new rows at their poll interval). The next
+        prepare_sleep, once the broker is back, joins again."""
+        if self._conn is None and self._role_wait is None:
+            return
+        was_sleeper = self.role == "sleeper"
+        acquire, self._acquire = self._acquire, None
+        if acquire is not None:
+            acquire.cancel()
+        self._reset()
+        if was_sleeper:
+            log.info("wakeup_role_released", reason="broker connection down")
+
     def sleep_cap_s(self) -> float | None:
         """No sleep while the lock is pending (prepare_sleep waited a slice: sweep now);
         adaptive polling in `off` mode; short polling while the sleeper has no session."""

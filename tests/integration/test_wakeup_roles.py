@@ -96,3 +96,44 @@ async def _holder_is(dsn: str, pid: int) -> bool:
 async def _sleepers_are(dsn: str, n: int) -> bool:
     await asyncio.sleep(0)
     return await _sleepers(dsn) == n
+
+
+async def test_sleeper_that_cannot_publish__hands_the_role_over_and_rows_flow_at_once(
+    env: Env, start_relay
+) -> None:
+    """The sleeper kept its role while its broker connection was down: producers skipped the
+    NOTIFY for it and the other replicas saw new rows only at their poll interval."""
+    from urllib.parse import urlsplit
+
+    from tests.chaos.harness import via_proxy
+    from tests.proxy import TcpProxy
+
+    conn = await asyncpg.connect(env.pg_dsn)
+    await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+    parts = urlsplit(env.amqp_url)
+    proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    try:
+        sleeper = start_relay(poll_interval_s=POLL_S, amqp_url=via_proxy(env.amqp_url, proxy.port))
+        await wait_until(lambda: _holder_is(env.pg_dsn, sleeper.pid), timeout_s=10,
+                         what="the first relay holding the sleeper role")
+        other = start_relay(poll_interval_s=POLL_S)
+        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
+        await proxy.cut()  # the sleeper's broker is gone (and stays gone)
+        first = await conn.fetchval(INSERT, env.exchange)
+        await wait_until(lambda: _delivered(env.pg_dsn, first), timeout_s=10,
+                         what="a row delivered by the relay that can publish")
+        await wait_until(lambda: _holder_is(env.pg_dsn, other.pid), timeout_s=10,
+                         what="the role handed to the relay that can publish")
+        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
+        for _ in range(3):
+            started = time.monotonic()
+            row_id = await conn.fetchval(INSERT, env.exchange)
+            await wait_until(lambda rid=row_id: _delivered(env.pg_dsn, rid),  # type: ignore[misc]
+                             timeout_s=POLL_S / 3, what="a later row, before any poll")
+            assert time.monotonic() - started < 2
+        assert any(e.get("event") == "wakeup_role_released" for e in sleeper.log_events())
+        assert sleeper.alive()
+        assert other.alive()
+    finally:
+        await proxy.close()
+        await conn.close()

@@ -37,6 +37,9 @@ class RecordingGate:
         self.events.append(f"prepare_sleep found={found_rows} claims={self.store.claims}")
         return self.plans.pop(0) if len(self.plans) > 1 else self.plans[0]
 
+    async def step_down(self) -> None:
+        pass
+
     async def mark_awake(self) -> None:
         self.events.append(f"mark_awake claims={self.store.claims}")
 

@@ -33,6 +33,9 @@ class LateProducerGate:
             return SleepPlan(stay_awake=True, due_known=True)
         return SleepPlan(due_known=True)
 
+    async def step_down(self) -> None:
+        pass
+
     async def mark_awake(self) -> None:
         self.calls.append(("mark_awake", False))
 
