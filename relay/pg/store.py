@@ -17,6 +17,7 @@ from relay import dsn
 from relay.deadlines import Deadlines
 from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
 from relay.interfaces import ClaimOptions, OutboxRow, Settlement
+from relay.pg import compat as pg_compat
 from relay.pg.queries import Queries, TableNames, raw_queries
 from relay.pg.schema import require_current
 from relay.settings import OnSuccess, Settings, redact_url
@@ -73,6 +74,10 @@ def connect_args(settings: Settings, role: str) -> dict[str, Any]:
         "tcp_keepalives_idle": "10",
         "tcp_keepalives_interval": "5",
         "tcp_keepalives_count": "3",
+        # Data the server sent that the relay's host never acknowledges (a cut link) ends
+        # the session after this, so a backend blocked in send cannot hold rows locked
+        # past the idle-in-transaction bound.
+        "tcp_user_timeout": str(deadlines.idle_in_transaction_ms),
     }
     args.setdefault("timeout", 10)
     if role == "worker":
@@ -99,6 +104,24 @@ def session_args(settings: Settings, role: str) -> dict[str, Any]:
     return args
 
 
+def tune_socket(conn: Conn, user_timeout_ms: int) -> None:
+    """Client-side TCP keepalives and TCP_USER_TIMEOUT on the session's socket: a cut link is
+    noticed by the kernel (unanswered keepalives on an idle session, unacknowledged data on a
+    busy one) instead of a statement waiting out its timeout. The tcp_keepalives_* server
+    settings only cover the server's side. asyncpg has no option for this: its transport's
+    socket is reached through relay/pg/compat.py (tests/integration/test_compat.py)."""
+    sock = pg_compat.socket_of(conn)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return  # a unix socket has no network to lose
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
+                            ("TCP_USER_TIMEOUT", user_timeout_ms)):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 async def require_read_write(conn: Conn) -> None:
     """Refuse a session on a read-only server (a standby): it could neither claim nor lock."""
     try:
@@ -121,12 +144,23 @@ async def connect(settings: Settings, role: str) -> asyncpg.Connection:
         conn: asyncpg.Connection = await asyncpg.connect(**session_args(settings, role))
     except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
         raise _connect_failed(settings, exc) from exc
+    tune_socket(conn, Deadlines.from_settings(settings).idle_in_transaction_ms)
     try:
         await require_read_write(conn)
     except DatabaseError:
         conn.terminate()
         raise
     return conn
+
+
+def _drop_if_stuck(conn: Conn, exc: BaseException) -> None:
+    """A statement that timed out on the client (asyncpg's command timeout) means a server
+    that does not answer, usually a silent network cut: terminate the connection at once.
+    A rollback, a commit or the pool's reset on it would each wait another command timeout
+    (the relay noticed a cut after about twice the command timeout)."""
+    if isinstance(exc, TimeoutError):
+        with contextlib.suppress(Exception):
+            conn.terminate()
 
 
 async def _rollback_quietly(conn: Conn, tx: Any) -> None:
@@ -158,6 +192,7 @@ class _Claim:
         try:
             await self._tx.commit()
         except DB_ERRORS as exc:
+            _drop_if_stuck(self._conn, exc)
             raise DatabaseError(f"commit failed: {exc}") from exc
         self.committed = True
 
@@ -176,6 +211,7 @@ class _Claim:
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
                 await self._conn.execute(self._q["notify_dead"], str(len(ids)))
         except DB_ERRORS as exc:
+            _drop_if_stuck(self._conn, exc)
             raise DatabaseError(f"settling a batch failed: {exc}") from exc
 
 
@@ -240,9 +276,14 @@ class Outbox:
         n = size or settings.concurrency + 1
         try:
             # init: a pooled connection that lands on a standby is closed, never used to claim.
+            user_timeout_ms = Deadlines.from_settings(settings).idle_in_transaction_ms
+
+            async def init(conn: Conn) -> None:
+                tune_socket(conn, user_timeout_ms)
+                await require_read_write(conn)
+
             pool = await asyncpg.create_pool(
-                min_size=1, max_size=n, init=require_read_write,
-                **session_args(settings, "worker"),
+                min_size=1, max_size=n, init=init, **session_args(settings, "worker"),
             )
         except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
             raise _connect_failed(settings, exc) from exc
@@ -296,6 +337,7 @@ class Outbox:
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
+                _drop_if_stuck(conn, exc)
                 raise DatabaseError(f"claiming rows failed: {exc}") from exc
             batch = _Claim(conn, tx, self.q, records, self._on_success)
             batch.full_by_bytes = full_by_bytes
@@ -309,7 +351,8 @@ class Outbox:
 
     async def _release(self, conn: Conn) -> None:
         try:
-            await self._pool.release(conn)
+            # Bounded: the reset of a connection whose server went silent must not wait.
+            await self._pool.release(conn, timeout=5)
         except DB_ERRORS:
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.terminate()

@@ -134,20 +134,13 @@ async def _outbox_errors(dsn: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-@pytest.mark.xfail(
-    strict=True, raises=(NoticedLate, AssertionError),
-    reason="relay bug / missing setting: after a silent PostgreSQL cut the statement in flight "
-    "times out after command_timeout (max(30 s, 2 x publish_timeout_s), relay/pg/store.py "
-    "connect_args; no setting lowers it), then the rollback on the same dead connection "
-    "waits another command_timeout: connection_lost comes after ~2 x command_timeout "
-    "(60 s). The client socket has no keepalive or tcp_user_timeout (the tcp_keepalives_* "
-    "set are server-side) and the LISTEN session never notices. Also seen once: when the cut "
-    "lands while the server sends a claim's result, the backend blocks in send (active, not "
-    "idle in transaction) and keeps the rows locked past idle-in-transaction + 30 s; a "
-    "server-side tcp_user_timeout would bound it.")
 async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_set_timeouts(
     env: Env, tmp_path: Path
 ) -> None:
+    """A silent PostgreSQL cut: the server frees the rows at its idle-in-transaction bound and
+    the relay notices at its command timeout. It once noticed after about twice that: the
+    rollback and the pool's reset each waited another command timeout on the dead connection
+    (a timed-out session is now terminated at once)."""
     proxy = await proxy_for(env.pg_dsn)
     publish_timeout_s = 2.0
     args = connect_args(Settings(pg_dsn=env.pg_dsn, publish_timeout_s=publish_timeout_s),

@@ -14,6 +14,7 @@ from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.errors import BrokerError
 from relay.interfaces import Message
 from relay.options import Properties
+from tests.helpers import Env
 
 
 def _messages(exchange: str, key: str, n: int) -> list[Message]:
@@ -60,3 +61,34 @@ async def test_verify__passes_on_a_real_connection_and_names_what_is_missing(
     assert "aiormq.Channel._on_return_frame" in message
     assert "aio-pika" in message
     assert "constraints.txt" in message
+
+
+async def test_pg_socket__found_and_tuned_on_relay_sessions(env: Env) -> None:
+    """relay/pg/compat.py reaches asyncpg's socket; a relay session has client keepalives and
+    TCP_USER_TIMEOUT (a silent cut is noticed by the kernel, not after statement timeouts)."""
+    import socket
+
+    from relay.deadlines import Deadlines
+    from relay.pg import compat as pg_compat
+    from relay.pg.store import Outbox, connect
+    from relay.settings import Settings
+
+    settings = Settings(pg_dsn=env.pg_dsn.replace("localhost", "127.0.0.1"),
+                        amqp_url=env.amqp_url)
+    conn = await connect(settings, "listener")
+    outbox = await Outbox.open(settings)
+    try:
+        want = Deadlines.from_settings(settings).idle_in_transaction_ms
+        async with outbox._pool.acquire() as pooled:
+            socks = [pg_compat.socket_of(conn), pg_compat.socket_of(pooled)]
+            for sock in socks:
+                assert sock is not None, "asyncpg's socket is no longer where compat looks"
+                if sock.family == socket.AF_UNIX:
+                    continue
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == want
+            # SHOW prints the value in ms without a unit (PostgreSQL 15).
+            assert await pooled.fetchval("SHOW tcp_user_timeout") in (str(want), f"{want}ms")
+    finally:
+        await conn.close()
+        await outbox.close()
