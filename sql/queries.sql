@@ -417,14 +417,21 @@ CREATE UNLOGGED TABLE {stage} ({column_defs})
 -- name: spark_stage_drop
 DROP TABLE IF EXISTS {stage}
 
+-- name: spark_stage_schema
+-- The schema of the staging tables (sql/migrations/0010), or NULL before that migration.
+SELECT n.nspname::text FROM pg_namespace n WHERE n.nspname = {stage_schema_literal}
+
 -- name: spark_stale_stages
--- Staging tables next to the outbox whose job no longer holds their lock. The locks taken
--- here are session locks of the cleanup's own short-lived connection.
+-- Staging tables whose job no longer holds their lock, in the staging schema (and, from
+-- before it existed, next to the outbox). The locks taken here are session locks of the
+-- cleanup's own short-lived connection.
 SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind = 'r'
   AND c.relname LIKE 'relay\_stage\_%'
-  AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = {table_literal}::regclass)
+  AND (n.nspname = {stage_schema_literal}
+       OR c.relnamespace = (SELECT relnamespace FROM pg_class
+                            WHERE oid = {table_literal}::regclass))
   AND pg_try_advisory_lock(hashtext('outbox-relay:stage'), hashtext(c.relname::text))
 
 -- name: spark_copy_create

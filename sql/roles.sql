@@ -82,7 +82,7 @@ END $$
 -- Spark jobs (relay.spark.write_outbox) write as their own group role, not as the producer:
 -- the idempotent modes merge with ON CONFLICT (id), which needs SELECT on id, and skip ids
 -- already archived, which reads the archive's id; the staged mode creates (and drops) its
--- own UNLOGGED staging table next to the outbox; the copy mode uses a temporary table.
+-- own UNLOGGED staging table in <table>_stage; the copy mode uses a temporary table.
 -- Nothing here lets the role read content or touch rows once written.
 --   CREATE ROLE nightly_job LOGIN PASSWORD '...' IN ROLE {spark_role};
 DO $$
@@ -94,7 +94,11 @@ EXCEPTION WHEN duplicate_object OR unique_violation THEN
     NULL;
 END $$;
 
-GRANT USAGE, CREATE ON SCHEMA {schema} TO {spark_role};
+-- The staged mode's tables live in the outbox's staging schema (sql/migrations/0010): CREATE
+-- there, never on the outbox's own schema (REVOKE takes back what older versions granted).
+GRANT USAGE ON SCHEMA {schema} TO {spark_role};
+REVOKE CREATE ON SCHEMA {schema} FROM {spark_role};
+GRANT USAGE, CREATE ON SCHEMA {stage_schema} TO {spark_role};
 -- The producer's columns (never seq, attempts, created_at, last_error); REVOKE first, so that
 -- re-running replaces a table-wide grant.
 REVOKE INSERT ON {table} FROM {spark_role};

@@ -65,6 +65,9 @@ class TableNames:
             "dead_letter_fn": self._q("_park"),
             "dead_letter_fn_literal": "'" + self._q("_park").replace("'", "''") + "'",
             "dead_literal": "'" + self._q("_dead").replace("'", "''") + "'",
+            # Spark's staging tables: a schema of their own (sql/migrations/0010).
+            "stage_schema": quote_ident(self.name + "_stage"),
+            "stage_schema_literal": "'" + (self.name + "_stage").replace("'", "''") + "'",
             "migrations": (
                 f"{quote_ident(self.schema)}.relay_migrations"
                 if self.schema

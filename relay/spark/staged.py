@@ -48,6 +48,14 @@ def cleanup(target: Target) -> list[str]:
     return dropped
 
 
+def stage_schema(conn: psycopg.Connection[Any], target: Target, outbox_schema: str) -> str:
+    """Where staging tables go: the outbox's staging schema (<table>_stage, made by `relay
+    migrate`), so the Spark role needs CREATE there only; the outbox's own schema for a table
+    migrated before that schema existed."""
+    row = conn.execute(target.sql.render("spark_stage_schema")).fetchone()
+    return str(row[0]) if row and row[0] else outbox_schema
+
+
 def stage_shape(prepared: Prepared, table_columns: dict[str, str]) -> StageShape:
     """The staging table of a prepared write: its columns (catalog types), id, sort columns."""
     defs = {c: table_columns[c] for c in prepared.columns}

@@ -18,7 +18,7 @@ from relay.spark.dsn import loopback_hosts
 from relay.spark.errors import SparkWriteError
 from relay.spark.frame import check_values, prepare
 from relay.spark.runtime import master_is_local
-from relay.spark.staged import cleanup_staging, stage_shape, write_staged
+from relay.spark.staged import cleanup_staging, stage_schema, stage_shape, write_staged
 from relay.spark.target import Target, connect, explain, jdbc_append, outbox_columns, resolve
 
 if TYPE_CHECKING:
@@ -131,7 +131,8 @@ def write_outbox(
             counts: tuple[int | None, int | None] = (None, None)
             if mode is WriteMode.STAGED:
                 counts = write_staged(
-                    prepared, conn, target, shape=shape, schema=schema,
+                    prepared, conn, target, shape=shape,
+                    schema=stage_schema(conn, target, schema),
                     token=secrets.token_hex(16), batch_size=batch_size,
                     max_connections=max_connections,
                 )

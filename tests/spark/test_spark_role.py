@@ -100,3 +100,27 @@ async def test_spark_role__cannot_read_content_or_change_rows(
         assert await conn.fetchval("SELECT count(id) FROM queue_message") == 3
     finally:
         await conn.close()
+
+
+async def test_spark_role__creates_only_in_the_staging_schema(
+    spark: Any, db: str, spark_login: str
+) -> None:
+    """The Spark writer had CREATE on the outbox's schema; its staging tables now live in
+    <table>_stage, the only schema where it may create anything."""
+    conn = await asyncpg.connect(spark_login)
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("CREATE TABLE public.queue_message_shadow (id uuid)")
+        await conn.execute("CREATE TABLE queue_message_stage.probe (id uuid)")
+        await conn.execute("DROP TABLE queue_message_stage.probe")
+    finally:
+        await conn.close()
+    write_outbox(frame(spark, 20), dsn=spark_login, key=["order_id"], mode="staged")
+    admin = await asyncpg.connect(db)
+    try:
+        assert await admin.fetchval("SELECT count(*) FROM queue_message") == 20
+        leftovers = await admin.fetchval(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE 'relay\\_stage\\_%'")
+        assert leftovers == 0
+    finally:
+        await admin.close()
