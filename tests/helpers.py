@@ -22,6 +22,14 @@ import asyncpg
 RELAY_BIN = str(Path(sys.executable).with_name("relay"))
 
 
+def with_user(url: str, user: str, password: str | None = None) -> str:
+    """The same DSN or AMQP URL with another user (and password)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    cred = user if password is None else f"{user}:{password}"
+    return urlunsplit(parts._replace(netloc=f"{cred}@{host}"))
+
+
 def with_database(dsn: str, database: str) -> str:
     """The same server DSN, pointing at another database."""
     parts = urlsplit(dsn)

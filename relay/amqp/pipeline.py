@@ -205,6 +205,9 @@ class Pipeline:
                 # must not hold the claim past the idle-in-transaction bound.
                 await asyncio.wait_for(self.transport.open(self.connection.raw),
                                        timeout=max(deadline - loop_time(), 0.0))
+            except asyncio.CancelledError:
+                _reraise_if_cancelled()  # aiormq cancelled the open: its connection died
+                return False
             except (TimeoutError, RuntimeError, *compat.BROKER_LOST, *compat.CHANNEL_GONE):
                 # aio-pika raises RuntimeError for a channel on a connection that just closed.
                 return False
@@ -265,6 +268,9 @@ class Pipeline:
                 try:
                     await asyncio.wait_for(self.probe.open(self.connection.raw),
                                            timeout=max(left, 0.0))
+                except asyncio.CancelledError:
+                    _reraise_if_cancelled()  # aiormq cancelled the open: its connection died
+                    return None
                 except (TimeoutError, RuntimeError, *compat.BROKER_LOST, *compat.CHANNEL_GONE):
                     return None
             return await self._send([m], deadline, self.probe)

@@ -10,37 +10,28 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 
-from tests.chaos.harness import via_proxy
-from tests.helpers import Consumer, Env, insert_rows
+from tests.chaos.harness import rabbitmqctl, via_proxy
+from tests.helpers import Consumer, Env, insert_rows, with_user
 from tests.integration.test_http import http_get
 from tests.proxy import TcpProxy, free_port
-
-
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
 
 
 @pytest.fixture
 def broker_user() -> Iterator[tuple[str, str]]:
     """A RabbitMQ user of this test's own with full rights on vhost /; deleted at the end."""
     user, password = f"relay_rot_{secrets.token_hex(3)}", secrets.token_hex(8)
-    _rabbitmqctl("add_user", user, password)
+    rabbitmqctl("add_user", user, password)
     try:
-        _rabbitmqctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+        rabbitmqctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
         yield user, password
     finally:
         with contextlib.suppress(subprocess.SubprocessError):
-            _rabbitmqctl("delete_user", user)
+            rabbitmqctl("delete_user", user)
 
-
-def _as(url: str, user: str, password: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
 
 async def test_credentials_rotated_after_start__backs_off_reports_and_delivers_once_fixed(
@@ -53,12 +44,12 @@ async def test_credentials_rotated_after_start__backs_off_reports_and_delivers_o
                            urlsplit(env.amqp_url).port or 5672).start()
     port = free_port()
     try:
-        relay = start_relay(amqp_url=via_proxy(_as(env.amqp_url, user, password), proxy.port),
+        relay = start_relay(amqp_url=via_proxy(with_user(env.amqp_url, user, password), proxy.port),
                             http_port=port, concurrency=3)
         first = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
         await consumer.wait_for(5)
         # Rotate the password and drop the relay's connection (as an operator closing it).
-        _rabbitmqctl("change_password", user, "rotated-" + password)
+        rabbitmqctl("change_password", user, "rotated-" + password)
         await proxy.cut()
         await proxy.restore()
         during = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5, 10))
@@ -81,7 +72,7 @@ async def test_credentials_rotated_after_start__backs_off_reports_and_delivers_o
         assert "refused the relay's credentials" in failing[0]["error"]
         assert relay.alive()
         # The operator puts the password the relay has back: everything is delivered.
-        _rabbitmqctl("change_password", user, password)
+        rabbitmqctl("change_password", user, password)
         await consumer.wait_for(10, timeout_s=60)
         assert sorted(set(consumer.ids())) == sorted(first + during)
         assert relay.terminate() == 0
@@ -170,8 +161,7 @@ async def test_database_login_refused_after_start__backs_off_and_delivers_once_a
     proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
     try:
         await admin.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
-        dsn = via_proxy(urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:"
-                                                         f"{parts.port or 5432}")), proxy.port)
+        dsn = via_proxy(with_user(env.pg_dsn, role), proxy.port)
         relay = start_relay(pg_dsn=dsn)
         first = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
         await consumer.wait_for(5)

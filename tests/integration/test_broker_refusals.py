@@ -9,36 +9,27 @@ import secrets
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
 import pytest
 
-from tests.helpers import Consumer, Env, count_rows, wait_until
-
-
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+from tests.chaos.harness import rabbitmqctl
+from tests.helpers import Consumer, Env, count_rows, wait_until, with_user
 
 
 @pytest.fixture
 def limited_user() -> Iterator[tuple[str, str]]:
     """A broker user that may write to every exchange except those named forbidden-*."""
     user, password = f"relay_lim_{secrets.token_hex(3)}", secrets.token_hex(8)
-    _rabbitmqctl("add_user", user, password)
+    rabbitmqctl("add_user", user, password)
     try:
-        _rabbitmqctl("set_permissions", "-p", "/", user, ".*", "^(?!forbidden-).*", ".*")
+        rabbitmqctl("set_permissions", "-p", "/", user, ".*", "^(?!forbidden-).*", ".*")
         yield user, password
     finally:
         subprocess.run(["rabbitmqctl", "-q", "delete_user", user], capture_output=True,
                        timeout=60, check=False)
 
-
-def _as(url: str, user: str, password: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
 
 async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blamed(
@@ -68,7 +59,7 @@ async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blame
         await db.close()
     refused = {row_id for row_id, row in zip(ids, rows, strict=True) if row[0] != env.exchange}
     assert len(refused) == 3
-    url = _as(env.amqp_url, *limited_user)
+    url = with_user(env.amqp_url, *limited_user)
     relays = [start_relay(amqp_url=url, concurrency=3, max_attempts=1) for _ in range(2)]
     await consumer.wait_for(900, timeout_s=60)
     await wait_until(lambda: _empty(env), what="every row settled")

@@ -322,3 +322,19 @@ async def test_probe__after_a_shared_channel_close_the_rest_go_one_by_one_on_the
     assert sorted(result.confirmed) == ["m0", "m1", "m3", "m4"]
     assert result.failed["m2"].reason is Reason.CHANNEL_CLOSED_BY_ROW
     assert result.failed["m5"].reason is Reason.DESTINATION_REFUSED
+
+
+async def test_probe__an_open_the_library_cancels_leaves_rows_unsent_not_a_crash() -> None:
+    """aiormq cancels a channel open on a connection it drops (a heartbeat timeout): the
+    CancelledError escaped the probe's open and `relay run` exited 1 with a traceback."""
+    class DyingProbe(ScriptedTransport):
+        async def open(self, connection: Any) -> None:
+            raise asyncio.CancelledError
+
+    probe = DyingProbe([])
+    probe.usable = False
+    pipeline = Pipeline(FakeConnection(), ScriptedTransport([]), publish_timeout_s=15,  # type: ignore[arg-type]
+                        probe=probe)
+    result = await pipeline.publish(_to("new", "n0", "n1"))
+    assert set(result.unsent) == {"n0", "n1"}
+    assert not result.confirmed

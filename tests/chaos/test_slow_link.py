@@ -1,0 +1,98 @@
+"""A slow link to RabbitMQ: confirms that come after the batch's budget are not the rows'
+fault. A row is never both delivered and parked, and every row arrives (real servers, a real
+`relay run` behind a bandwidth-limited proxy)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+
+from tests.chaos.harness import via_proxy
+from tests.helpers import Consumer, Env, count_rows, wait_until
+from tests.proxy import free_port
+
+pytestmark = pytest.mark.chaos
+
+LINK_BYTES_PER_S = 2_000_000  # relay -> broker; the answers come back at full speed
+
+
+class _SlowLink:
+    """Forwards to the broker, the relay's bytes at LINK_BYTES_PER_S (all connections share
+    the link, as a congested uplink would)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._budget_lock = asyncio.Lock()
+        self._next_free = time.monotonic()
+
+    async def start(self) -> _SlowLink:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        return self
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection(*self.target)
+        await asyncio.gather(self._pump(reader, up_w, slow=True),
+                             self._pump(up_r, writer, slow=False))
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *,
+                    slow: bool) -> None:
+        with contextlib.suppress(Exception):
+            while data := await src.read(16384):
+                if slow:
+                    async with self._budget_lock:
+                        now = time.monotonic()
+                        self._next_free = max(self._next_free, now) + len(data) / LINK_BYTES_PER_S
+                        wait = self._next_free - now
+                    await asyncio.sleep(wait)
+                dst.write(data)
+                await dst.drain()
+        with contextlib.suppress(Exception):
+            dst.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+async def test_slow_link__late_confirms_leave_rows_untouched_never_parked_all_delivered(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """A pass whose confirms timed out while others came counted an attempt for messages
+    still on their way: on a slow link a row was delivered several times and then parked."""
+    parts = urlsplit(env.amqp_url)
+    link = await _SlowLink((parts.hostname or "127.0.0.1", parts.port or 5672)).start()
+    body = json.dumps({"pad": "p" * 4000})
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        ids = [r[0] for r in await conn.fetch(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "SELECT $1, $2, $3::jsonb FROM generate_series(1, 2000) RETURNING id::text",
+            env.exchange, env.routing_key, body)]
+    finally:
+        await conn.close()
+    try:
+        # One attempt: a late confirm charged as an attempt would park the row at once.
+        relay = start_relay(amqp_url=via_proxy(env.amqp_url, link.port), publish_timeout_s=2,
+                            max_attempts=1)
+        await consumer.wait_for(len(ids), timeout_s=180)
+        await wait_until(lambda: _settled(env), timeout_s=60, what="an empty outbox")
+        dead = await count_rows(env.pg_dsn, "queue_message_dead")
+        assert dead == 0, f"{dead} rows parked for confirms that came late"
+        assert set(consumer.ids()) == set(ids)
+        print(f"\n[chaos] slow link: {len(ids)} rows delivered, "
+              f"{consumer.duplicates()} duplicate receipts (late confirms re-published)")
+        assert relay.alive()
+    finally:
+        await link.close()
+
+
+async def _settled(env: Env) -> bool:
+    return await count_rows(env.pg_dsn) == 0
