@@ -174,6 +174,13 @@ async def _rollback_quietly(conn: Conn, tx: Any) -> None:
             conn.terminate()
 
 
+async def _keep_session(conn: Conn) -> None:
+    """The pool's reset on release, a round trip on every batch by default (`SELECT
+    pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), is not needed: worker
+    sessions change no session state (no LISTEN, no session-level lock, no SET, no cursor),
+    and asyncpg still rolls back a transaction left open before calling this."""
+
+
 class _Claim:
     """Rows locked by one open transaction; commit() ends it, else it rolls back."""
 
@@ -283,7 +290,8 @@ class Outbox:
                 await require_read_write(conn)
 
             pool = await asyncpg.create_pool(
-                min_size=1, max_size=n, init=init, **session_args(settings, "worker"),
+                min_size=1, max_size=n, init=init, reset=_keep_session,
+                **session_args(settings, "worker"),
             )
         except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
             raise _connect_failed(settings, exc) from exc

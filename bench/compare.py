@@ -1,0 +1,140 @@
+"""Commit-to-consumer latency of two builds of the relay, back to back in one run.
+
+    python -m bench.compare --before-src /tmp/relay-before --label "pool reset cut" \
+        --rates 1000:4,3000:16 --runs 3 --seconds 10 --out bench/compare/pool-reset.md
+
+`--before-src` is another checkout of the relay (e.g. `git worktree add /tmp/relay-before
+HEAD~1`); the after build is this tree. Runs alternate (before, after, before, after...) on one
+database with the default notify mode, so both see the same machine; every run records the
+load average before it. Writes a Markdown report (machine, command, date, versions, every run
+and the medians) to --out, and prints one JSON line per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench import common
+from bench.common import DEFAULT_MODE, create_env, drop_env, load_before, machine
+from bench.latency import latency_once
+
+
+async def _quiet(below: float, most_s: float = 120.0) -> None:
+    """Wait (at most `most_s`) until the 1-minute load average is under `below`: the runs
+    themselves load this 2-core machine, and a run must not start on the last one's load."""
+    for _ in range(int(most_s / 2)):
+        if os.getloadavg()[0] < below:
+            return
+        await asyncio.sleep(2)
+
+
+async def compare(before_src: str, rates: list[tuple[int, int]], runs: int,
+                  seconds: float, quiet_below: float) -> list[dict[str, Any]]:
+    """Alternate before/after latency runs; one record per run."""
+    env = await create_env("compare", DEFAULT_MODE)
+    records = []
+    try:
+        for rate, connections in rates:
+            for i in range(runs):
+                for build, src in (("before", before_src), ("after", "")):
+                    await _quiet(quiet_below)
+                    common.RELAY_SRC = src  # read by Relay.start at each start
+                    result = await latency_once(env, rate, seconds, connections=connections)
+                    record = {"build": build, "run": i + 1, "rate": rate,
+                              "connections": connections, **result}
+                    print(json.dumps(record), flush=True)
+                    records.append(record)
+    finally:
+        common.RELAY_SRC = ""
+        await drop_env(env)
+    return records
+
+
+def _revision(folder: str | None = None) -> str:
+    """The git commit of a source tree (and whether it has uncommitted changes)."""
+    cwd = folder or str(Path(__file__).resolve().parents[1])
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=cwd, check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return rev + (" with uncommitted changes" if dirty.strip() else "")
+
+
+def report(records: list[dict[str, Any]], label: str, command: str, started: str,
+           load: list[float], *, before_src: str = "") -> str:
+    """The Markdown results file."""
+    m = machine()
+    lines = [
+        f"# Latency, before and after: {label}",
+        "",
+        "Written by `bench/compare.py` (do not edit by hand).",
+        "",
+        f"- date: {started}",
+        f"- command: `{command}`",
+        f"- builds: before = {_revision(before_src)}, after = {_revision()}",
+        f"- machine: {m}",
+        f"- load average before the run: {load}",
+        f"- notify mode: {DEFAULT_MODE.value} (the default); default relay settings",
+        "",
+        "| build | commits/s | connections | run | p50 ms | p95 ms | p99 ms | rate reached | "
+        "load before |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        lines.append(
+            f"| {r['build']} | {r['rate']} | {r['connections']} | {r['run']} | "
+            f"{r.get('p50_ms')} | {r.get('p95_ms')} | {r.get('p99_ms')} | "
+            f"{r.get('achieved_per_s')} | {r.get('load_before')} |")
+    lines += ["", "## Medians", "", "| commits/s | build | p50 ms | p99 ms |", "|---|---|---|---|"]
+    for rate in sorted({r["rate"] for r in records}):
+        for build in ("before", "after"):
+            runs = [r for r in records if r["rate"] == rate and r["build"] == build]
+            if not runs:
+                continue
+            p50 = statistics.median(r["p50_ms"] for r in runs)
+            p99 = statistics.median(r["p99_ms"] for r in runs)
+            lines.append(f"| {rate} | {build} | {p50:.2f} | {p99:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Parse arguments, run, write the report."""
+    parser = argparse.ArgumentParser(prog="python -m bench.compare")
+    parser.add_argument("--before-src", required=True)
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--rates", default="1000:4,3000:16")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quiet-below", type=float, default=1.0,
+                        help="wait (up to 2 min) for the 1-minute load average to fall under "
+                        "this before each run")
+    args = parser.parse_args()
+    rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    load = load_before()
+    records = uvloop.run(compare(args.before_src, rates, args.runs, args.seconds,
+                                 args.quiet_below))
+    command = "python -m bench.compare " + shlex.join(sys.argv[1:])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report(records, args.label, command, started, load,
+                              before_src=args.before_src))
+
+
+if __name__ == "__main__":
+    main()
