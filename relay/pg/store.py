@@ -154,11 +154,15 @@ async def connect(settings: Settings, role: str) -> asyncpg.Connection:
 
 
 def _drop_if_stuck(conn: Conn, exc: BaseException) -> None:
-    """A statement that timed out on the client (asyncpg's command timeout) means a server
-    that does not answer, usually a silent network cut: terminate the connection at once.
-    A rollback, a commit or the pool's reset on it would each wait another command timeout
-    (the relay noticed a cut after about twice the command timeout)."""
-    if isinstance(exc, TimeoutError):
+    """Terminate the connection at once unless the server itself reported the error (then the
+    session is sound and a rollback works). A statement that timed out on the client means a
+    server that does not answer, usually a silent network cut: a rollback, a commit or the
+    pool's reset on it would each wait another command timeout. A client-side state error
+    (asyncpg's "cannot switch to state ...; another operation is in progress", after its
+    server session was ended under a statement) leaves a connection whose next statement can
+    hang: back in the pool, it stalled a batch's settle and the relay's stop."""
+    if not isinstance(exc, asyncpg.PostgresError) or isinstance(
+            exc, asyncpg.PostgresConnectionError | asyncpg.exceptions.OperatorInterventionError):
         with contextlib.suppress(Exception):
             conn.terminate()
 
