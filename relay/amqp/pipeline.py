@@ -281,6 +281,12 @@ class Pipeline:
         this message's properties), the exchange is remembered as refusing too."""
         if any(code in why for code in _DESTINATION_CODES):
             self.destinations.refuse(m.exchange, why, asyncio.get_running_loop().time())
+        if "NOT_FOUND" in why:
+            # The exchange check missed it (a side channel that could not check, an exchange
+            # deleted since): the broker's 404 says what it is.
+            result.failed[m.id] = Fault(Reason.EXCHANGE_NOT_FOUND,
+                                        f"exchange {m.exchange!r} not found ({why})")
+            return
         result.failed[m.id] = Fault(
             Reason.CHANNEL_CLOSED_BY_ROW,
             f"the broker closed the channel when this message was published "

@@ -338,3 +338,14 @@ async def test_probe__an_open_the_library_cancels_leaves_rows_unsent_not_a_crash
     result = await pipeline.publish(_to("new", "n0", "n1"))
     assert set(result.unsent) == {"n0", "n1"}
     assert not result.confirmed
+
+
+async def test_probe__a_404_close_is_exchange_not_found_not_a_channel_close() -> None:
+    """When the passive check could not run, the broker's 404 on the probe names the fault."""
+    def probe_answer(ms: Sequence[Message]) -> Sent:
+        return Sent([LOST], closed_by_broker="NOT_FOUND - no exchange 'gone' in vhost '/'")
+
+    pipeline, _, _ = _probed(FakeConnection(), probe_answer)
+    result = await pipeline.publish(_to("gone", "g0", "g1"))
+    assert result.failed["g0"].reason is Reason.EXCHANGE_NOT_FOUND
+    assert result.failed["g1"].reason is Reason.DESTINATION_REFUSED
