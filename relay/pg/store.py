@@ -267,7 +267,9 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
 
 def _bytes(records: Sequence[Any]) -> int:
     """Content and options bytes of claimed records (what the budget counts)."""
-    return sum(len(r["content"] or b"") + len((r["options"] or "").encode()) for r in records)
+    # Options in characters, not re-encoded per row: the budget is "about", and options are
+    # small beside content (the SQL side counts their octets).
+    return sum(len(r["content"] or b"") + len(r["options"] or "") for r in records)
 
 
 class Outbox:

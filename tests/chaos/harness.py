@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import subprocess
 import time
 import uuid
@@ -300,6 +301,20 @@ async def assert_drained(dsn: str, timeout_s: float = 60.0) -> None:
 def rabbitmqctl(*args: str, timeout_s: float = 120.0) -> None:
     """Run rabbitmqctl on the local node; raise on failure."""
     subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=timeout_s)
+
+
+@contextmanager
+def broker_user(prefix: str, write: str = ".*") -> Iterator[tuple[str, str]]:
+    """A RabbitMQ user of the caller's own on vhost / (configure and read everything, write
+    what `write` matches); deleted at the end. Yields (user, password)."""
+    user, password = f"{prefix}_{secrets.token_hex(3)}", secrets.token_hex(8)
+    rabbitmqctl("add_user", user, password)
+    try:
+        rabbitmqctl("set_permissions", "-p", "/", user, ".*", write, ".*")
+        yield user, password
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            rabbitmqctl("delete_user", user)
 
 
 def dump(obj: Any) -> str:

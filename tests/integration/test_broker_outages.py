@@ -7,13 +7,13 @@ import asyncio
 import contextlib
 import json
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
 
+from tests.chaos.harness import broker_user as temporary_broker_user
 from tests.chaos.harness import rabbitmqctl, via_proxy
 from tests.helpers import Consumer, Env, insert_rows, with_user
 from tests.integration.test_http import http_get
@@ -23,15 +23,8 @@ from tests.proxy import TcpProxy, free_port
 @pytest.fixture
 def broker_user() -> Iterator[tuple[str, str]]:
     """A RabbitMQ user of this test's own with full rights on vhost /; deleted at the end."""
-    user, password = f"relay_rot_{secrets.token_hex(3)}", secrets.token_hex(8)
-    rabbitmqctl("add_user", user, password)
-    try:
-        rabbitmqctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
-        yield user, password
-    finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            rabbitmqctl("delete_user", user)
-
+    with temporary_broker_user("relay_rot") as user:
+        yield user
 
 
 async def test_credentials_rotated_after_start__backs_off_reports_and_delivers_once_fixed(

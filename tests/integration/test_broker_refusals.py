@@ -5,8 +5,6 @@ published by two relays of three lanes (real servers)."""
 from __future__ import annotations
 
 import json
-import secrets
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 
@@ -14,22 +12,15 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.chaos.harness import rabbitmqctl
+from tests.chaos.harness import broker_user
 from tests.helpers import Consumer, Env, count_rows, wait_until, with_user
 
 
 @pytest.fixture
 def limited_user() -> Iterator[tuple[str, str]]:
     """A broker user that may write to every exchange except those named forbidden-*."""
-    user, password = f"relay_lim_{secrets.token_hex(3)}", secrets.token_hex(8)
-    rabbitmqctl("add_user", user, password)
-    try:
-        rabbitmqctl("set_permissions", "-p", "/", user, ".*", "^(?!forbidden-).*", ".*")
-        yield user, password
-    finally:
-        subprocess.run(["rabbitmqctl", "-q", "delete_user", user], capture_output=True,
-                       timeout=60, check=False)
-
+    with broker_user("relay_lim", write="^(?!forbidden-).*") as user:
+        yield user
 
 
 async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blamed(
