@@ -46,6 +46,12 @@ BODY_SQL = (
 )
 
 
+def use_server(admin_dsn: str) -> None:
+    """Run every later scenario on this PostgreSQL server (bench/server.py's private one)."""
+    global PG_ADMIN_DSN  # noqa: PLW0603 - one setting of the whole run, read at each use
+    PG_ADMIN_DSN = admin_dsn
+
+
 def with_database(dsn: str, database: str) -> str:
     """The same server DSN, pointing at another database."""
     return urlunsplit(urlsplit(dsn)._replace(path="/" + database))

@@ -45,15 +45,24 @@ async def drain_once(
     publisher: str = "bulk",
     log_dir: Path | None = None,
     timeout_s: float = 900.0,
+    pinned: bool = False,
 ) -> dict[str, Any]:
-    """One drain of `rows` rows; msg/s and the CPU used while it ran."""
+    """One drain of `rows` rows; msg/s and the CPU used while it ran.
+
+    pinned: another session holds a REPEATABLE READ snapshot taken before the backlog's
+    insert until the drain ends (a report, a stuck session): the xmin horizon stays behind
+    every delete, so no deleted row can be cleaned up while the relay drains."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="bench-drain-"))
     overrides = {"batch_size": batch_size, "concurrency": concurrency, "publisher": publisher}
     relays = [
         Relay(env.relay_env(**overrides), log_dir / f"relay-{i}.log") for i in range(processes)
     ]
     conn = await asyncpg.connect(env.dsn)
+    holder = await asyncpg.connect(env.dsn)
     try:
+        if pinned:
+            await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            await holder.fetchval("SELECT count(*) FROM queue_message")
         for relay in relays:
             await relay.wait_started()
         load = load_before()
@@ -64,8 +73,10 @@ async def drain_once(
         own_pids = set(own0) | await _backends(conn)
         own_cpu = sum(cpu_s(p) - own0.get(p, 0.0) for p in own_pids)
         seconds = emptied - committed
+        await holder.close()
         await conn.execute("VACUUM queue_message")
     finally:
+        await holder.close()
         await conn.close()
         for relay in relays:
             relay.stop()
@@ -82,6 +93,7 @@ async def drain_once(
         "batch_size": batch_size,
         "concurrency": concurrency,
         "publisher": publisher,
+        "pinned": pinned,
         "seconds": round(seconds, 3),
         "msg_per_s": round(rows / seconds, 1),
         "cpu_cores": cpu,

@@ -46,12 +46,16 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 def _render_drains(s: dict[str, Any]) -> list[str]:
     lines = ["## Drain throughput (`relay run`, batch 500 × 3 lanes, backlog committed at once)",
-             "", "| processes | publisher | rows | msg/s | load before | CPU cores: relay / "
-             "postgres / rabbitmq / other |", "|---|---|---|---|---|---|"]
+             "", "pinned: another session holds a REPEATABLE READ snapshot taken before the "
+             "backlog's insert until the drain ends (no deleted row can be cleaned up).", "",
+             "| processes | publisher | rows | xmin horizon | msg/s | load before | CPU cores: "
+             "relay / postgres / rabbitmq / other |", "|---|---|---|---|---|---|---|"]
     for d in s["drain"]:
         c = d["cpu_cores"]
+        horizon = "pinned" if d.get("pinned") else "free"
         lines.append(
-            f"| {d['processes']} | {d['publisher']} | {d['rows']:,} | {_range(d['msg_per_s'])} "
+            f"| {d['processes']} | {d['publisher']} | {d['rows']:,} | {horizon} | "
+            f"{_range(d['msg_per_s'])} "
             f"| {_loads(d['load_before'])} | {c['relay']} / {c['postgres']} / {c['rabbitmq']} / "
             f"{c['other']} |")
     lines += ["", "## Cost model: CPU-seconds per 1,000 messages while draining", "",
@@ -125,6 +129,8 @@ def targets(s: dict[str, Any], mode: str) -> list[tuple[str, float | None, str, 
     add("one relay vs the bulk-frame publish limit", r.get("relay_1p_vs_bulk_frame_limit"),
         "≥", 0.85)
     add("big backlog vs the small one", r.get("big_backlog_vs_small"), "≥", 0.9)
+    add("drain with the xmin horizon pinned vs free, same size",
+        r.get("pinned_horizon_vs_unpinned"), "≥", 0.8)
     return out
 
 
@@ -203,6 +209,11 @@ def render_readme_block(report: dict[str, Any]) -> str:
                  + (f"; a {report['plan']['big_rows']:,}-row backlog at "
                     f"{r['big_backlog_vs_small']}x the {head['rows']:,}-row rate"
                     if "big_backlog_vs_small" in r else "") + ".")
+    pinned = next((d for d in s["drain"] if d.get("pinned")), None)
+    if pinned is not None and "pinned_horizon_vs_unpinned" in r:
+        lines.append(f"- A {pinned['rows']:,}-row drain while another session pins the xmin "
+                     f"horizon: {pinned['msg_per_s']['median']:,.0f} msg/s = "
+                     f"{r['pinned_horizon_vs_unpinned']}x the same drain with it free.")
     for (md, rate), e in lat.items():
         lines.append(f"- Commit → consumer at {rate:,} commits/s ({e['connections']} producer "
                      f"connections, `{md}`; the producers reached "

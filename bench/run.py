@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import platform
@@ -26,10 +27,10 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from bench import common
 from bench.common import (
     AMQP_URL,
     DEFAULT_MODE,
-    PG_ADMIN_DSN,
     BenchEnv,
     create_env,
     drop_env,
@@ -44,6 +45,7 @@ from bench.limits import aio_pika_limit, bulk_frame_limit, classic_relay, pg_cla
 from bench.producers import producer_rounds
 from bench.producers import ratios as ratios_to_off
 from bench.report import render_markdown, render_readme_block, replace_readme_block
+from bench.server import private_server
 from bench.triggers import trigger_costs
 from relay.settings import NotifyMode
 
@@ -67,13 +69,15 @@ class Plan:
     bulk_msgs: int
     pg_rows: int
     classic_rows: int
+    pinned_rows: int = 0  # a drain of this size with the xmin horizon pinned, and one without
     other_modes: tuple[NotifyMode, ...] = (NotifyMode.ALWAYS,)  # beside the default, labelled
 
 
 FULL = Plan(3, 100_000, 1_000_000, 20_000, (1, 2, 4), ((1000, 4), (3000, 16)), 10.0,
-            5, 4.0, 80_000, 100_000, 20_000, 100_000, 100_000, 1_000)
+            5, 4.0, 80_000, 100_000, 20_000, 100_000, 100_000, 1_000, pinned_rows=500_000)
 SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5,
-             1, 1.0, 10_000, 5_000, 2_000, 3_000, 3_000, 100, other_modes=())
+             1, 1.0, 10_000, 5_000, 2_000, 3_000, 3_000, 100, pinned_rows=3_000,
+             other_modes=())
 
 
 Figure = dict[str, Any]
@@ -84,7 +88,7 @@ async def servers_answer(timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
+            conn = await asyncpg.connect(common.PG_ADMIN_DSN, timeout=5)
             await conn.close()
             amqp = await aio_pika.connect(AMQP_URL, timeout=5)
             await amqp.close()
@@ -152,18 +156,22 @@ async def _limits(env: BenchEnv, plan: Plan) -> dict[str, list[Figure]]:
 async def _drains(env: BenchEnv, plan: Plan) -> list[Figure]:
     out: list[Figure] = []
 
-    async def add(label: str, rows: int, runs: int, procs: int = 1,
-                  publisher: str = "bulk") -> None:
-        figs = await repeat(env, runs, label, lambda: drain_once(
-            env, rows, processes=procs, publisher=publisher))
-        out.append({"processes": procs, "batch_size": 500, "publisher": publisher,
-                    "rows": rows, "runs": figs})
+    async def add(kind: str, rows: int, runs: int, procs: int = 1, *,
+                  publisher: str = "bulk", pinned: bool = False) -> None:
+        figs = await repeat(env, runs, f"drain {kind} p={procs} {rows}", lambda: drain_once(
+            env, rows, processes=procs, publisher=publisher, pinned=pinned))
+        out.append({"kind": kind, "processes": procs, "batch_size": 500,
+                    "publisher": publisher, "rows": rows, "pinned": pinned, "runs": figs})
 
     for procs in plan.processes:
-        await add(f"drain p={procs}", plan.drain_rows, plan.runs, procs)
+        await add("scale", plan.drain_rows, plan.runs, procs)
     if plan.big_rows:
-        await add("drain big backlog", plan.big_rows, 1)
-    await add("drain simple", plan.simple_rows, plan.runs, publisher="simple")
+        await add("big", plan.big_rows, 1)
+    if plan.pinned_rows:
+        # Back to back, the same size: the ratio is what a pinned horizon costs a drain.
+        await add("unpinned", plan.pinned_rows, 1)
+        await add("pinned", plan.pinned_rows, 1, pinned=True)
+    await add("simple", plan.simple_rows, plan.runs, publisher="simple")
     return out
 
 
@@ -213,7 +221,7 @@ def _cost(drains: list[Figure]) -> list[Figure]:
     """CPU-seconds per 1,000 messages by process group, per number of relay processes."""
     out = []
     for d in drains:
-        if d["publisher"] != "bulk":
+        if d["publisher"] != "bulk" or d.get("pinned"):
             continue
         keys = d["runs"][0]["cpu_s_per_1k_msgs"]
         out.append({"processes": d["processes"], "rows": d["rows"],
@@ -228,6 +236,7 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     drains = []
     for d in results["drain"]:
         drains.append({**{k: d[k] for k in ("processes", "batch_size", "publisher", "rows")},
+                       "kind": d.get("kind", "scale"), "pinned": d.get("pinned", False),
                        "msg_per_s": summary([r["msg_per_s"] for r in d["runs"]]),
                        "load_before": [r["load_before"][0] for r in d["runs"]],
                        "cpu_cores": {k: round(statistics.median(r["cpu_cores"][k]
@@ -240,8 +249,8 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                    | {k: summary([r[k] for r in entry["runs"]])
                       for k in ("achieved_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")})
     one = next(d for d in drains if d["processes"] == 1 and d["publisher"] == "bulk")
-    big = next((d for d in drains if d["rows"] != one["rows"] and d["publisher"] == "bulk"
-                and d["processes"] == 1), None)
+    kinds = {d["kind"]: d for d in drains}
+    big, pinned, unpinned = kinds.get("big"), kinds.get("pinned"), kinds.get("unpinned")
     simple = next((d for d in drains if d["publisher"] == "simple"), None)
     rate = one["msg_per_s"]["median"]
     ratios = {
@@ -255,6 +264,9 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
             ratios[f"relay_{d['processes']}p_vs_1p"] = round(d["msg_per_s"]["median"] / rate, 2)
     if big is not None:
         ratios["big_backlog_vs_small"] = round(big["msg_per_s"]["median"] / rate, 2)
+    if pinned is not None and unpinned is not None:
+        ratios["pinned_horizon_vs_unpinned"] = round(
+            pinned["msg_per_s"]["median"] / unpinned["msg_per_s"]["median"], 2)
     if simple is not None:
         ratios["relay_bulk_vs_simple_publisher"] = round(rate / simple["msg_per_s"]["median"], 2)
     producers = []
@@ -290,7 +302,7 @@ async def versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "-"
-    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    conn = await asyncpg.connect(common.PG_ADMIN_DSN)
     try:
         out["postgresql"] = str(await conn.fetchval("SHOW server_version"))
         out["postgresql autovacuum"] = str(await conn.fetchval("SHOW autovacuum"))
@@ -315,7 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for RESULTS.md and results.json")
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite README's figures block from this run")
+    parser.add_argument("--server", choices=("private", "shared"),
+                        help="PostgreSQL: a private initdb cluster with the server's defaults "
+                        "(bench/server.py; the default of --full) or the shared one of "
+                        "RELAY_TEST_PG_DSN (the default of --smoke)")
     args = parser.parse_args(argv)
+    server = args.server or ("shared" if args.smoke else "private")
     plan = SMOKE if args.smoke else FULL
     if args.runs:
         plan = dataclasses.replace(plan, runs=args.runs)
@@ -330,7 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
-    results = runner(run_suite(plan))
+    with contextlib.ExitStack() as stack:
+        if server == "private":
+            common.use_server(stack.enter_context(private_server()))
+        results = runner(run_suite(plan))
+        server_versions = runner(versions())
+    server_versions["postgresql server"] = (
+        "private initdb cluster, server defaults" if server == "private" else "shared")
     report = {
         "mode": "smoke" if args.smoke else "full",
         "notify_mode": DEFAULT_MODE.value,
@@ -339,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       *(argv or sys.argv[1:])]),
         "machine": machine(),
         "load_before": load,
-        "versions": runner(versions()),
+        "versions": server_versions,
         "plan": plan.__dict__,
         "elapsed_s": time.monotonic() - started,
         "summary": summarise(results),

@@ -30,8 +30,8 @@ from typing import Any
 
 import asyncpg
 
+from bench import common
 from bench.common import (
-    PG_ADMIN_DSN,
     RELAY_SRC,
     ROUTING_KEY,
     Relay,
@@ -187,7 +187,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     """Both scenarios on one private database with statement logging."""
     env = await create_env("trace")
     try:
-        admin = await asyncpg.connect(PG_ADMIN_DSN)
+        admin = await asyncpg.connect(common.PG_ADMIN_DSN)
         try:
             await admin.execute(f'ALTER DATABASE "{env.database}" SET log_statement = \'all\'')
         finally:

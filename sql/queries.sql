@@ -149,6 +149,8 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- large), so the relay's memory has a ceiling. The rest of the LIMIT stay locked, untouched,
 -- until this transaction ends (the relay claims again when the bytes reached $2). Content comes as
 -- UTF-8 bytes: the message body as it is, never a Python str (up to 4 bytes a character).
+-- From seq $3 up: deleted rows a pinned xmin horizon keeps in the index stay below it
+-- (relay/pg/seqfloor.py; a sweep passes the lowest bigint).
 SELECT id, exchange, routing_key, content, options, attempts, created_at_s, seq, ordering_key
 FROM (SELECT c.*,
              sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
@@ -161,7 +163,7 @@ FROM (SELECT c.*,
                    EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
                    NULL::text AS ordering_key
             FROM {table}
-            WHERE available_at <= now() AND ordering_key IS NULL
+            WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $3
             ORDER BY seq
             LIMIT $1
             FOR UPDATE SKIP LOCKED) AS c) AS w

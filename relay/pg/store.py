@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,6 +21,7 @@ from relay.interfaces import ClaimOptions, OutboxRow, Settlement
 from relay.pg import compat as pg_compat
 from relay.pg.queries import Queries, TableNames, raw_queries
 from relay.pg.schema import require_current
+from relay.pg.seqfloor import SWEEP, SeqFloor
 from relay.settings import OnSuccess, Settings, redact_url
 
 DB_ERRORS: tuple[type[BaseException], ...] = (
@@ -227,9 +229,11 @@ class _Claim:
 
 
 async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
-                        keyed_first: bool = True) -> tuple[list[OutboxRow], bool]:
+                        keyed_first: bool = True, *, floor: SeqFloor | None = None,
+                        ) -> tuple[list[OutboxRow], bool]:
     """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
-    unkeyed rows; return them in seq order, and whether the byte budget ended the claim.
+    unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py); return them in seq
+    order, and whether the byte budget ended the claim.
 
     The first kind claimed may fill the batch and the other gets the rest; callers alternate
     `keyed_first`, so that a deep backlog of one kind cannot starve the other while a table
@@ -251,7 +255,11 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
             got = await conn.fetch(q["claim_keyed"], room, opts.keys_per_batch,
                                    opts.block_on_dead, opts.max_bytes - used)
         else:
-            got = await conn.fetch(q["claim_batch"], room, opts.max_bytes - used)
+            start = floor.start() if floor is not None else SWEEP
+            started = time.monotonic()
+            got = await conn.fetch(q["claim_batch"], room, opts.max_bytes - used, start)
+            if floor is not None:
+                floor.claimed(start, got[0]["seq"] if got else None, time.monotonic() - started)
         records += got
         used += _bytes(got)
     records.sort(key=lambda r: r["seq"])
@@ -282,6 +290,8 @@ class Outbox:
         self._on_success = on_success
         self.claim_options = claim_options or ClaimOptions()
         self._claims = 0
+        # Where unkeyed claims start: above what this process already moved (seqfloor.py).
+        self.floor = SeqFloor()
 
     @classmethod
     async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
@@ -347,7 +357,8 @@ class Outbox:
                 await tx.start()
                 self._claims += 1
                 records, full_by_bytes = await claim_records(
-                    conn, self.q, self.claim_options, limit, keyed_first=self._claims % 2 == 0)
+                    conn, self.q, self.claim_options, limit, self._claims % 2 == 0,
+                    floor=self.floor)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:

@@ -30,11 +30,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class PrivateCluster:
-    """initdb + pg_ctl in a temporary folder, on a free port, trust auth for user postgres."""
+def remove_stale(prefix: str) -> list[Path]:
+    """Stop and remove the clusters an earlier, killed run left in the temporary folder under
+    `prefix` (the next run's start cleans up); return the folders removed."""
+    removed = []
+    for root in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        data = root / "data"
+        if (data / "postmaster.pid").exists():
+            as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+            subprocess.run([*as_user, _bin("pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
+                            "stop"], capture_output=True, timeout=60, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(root)
+    return removed
 
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="relay-pg-"))
+
+class PrivateCluster:
+    """initdb + pg_ctl in a temporary folder, on a free port, trust auth for user postgres.
+
+    By default a throwaway for fault tests (fsync off); `durable=True` keeps every server
+    default (fsync, autovacuum...) for benchmarks."""
+
+    def __init__(self, *, prefix: str = "relay-pg-", durable: bool = False,
+                 max_connections: int = 50) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        self.durable = durable
+        self.max_connections = max_connections
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = free_port()
@@ -52,15 +73,16 @@ class PrivateCluster:
         subprocess.run([*self._as, *args], check=True, capture_output=True, timeout=timeout_s)
 
     def init(self) -> PrivateCluster:
-        """Create the cluster (fsync off: it is thrown away)."""
+        """Create the cluster."""
         self._run(_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                  "--no-sync", "-E", "UTF8")
+                  *(() if self.durable else ("--no-sync",)), "-E", "UTF8")
         return self
 
     def start(self) -> None:
         """Start and wait until it accepts connections."""
-        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c max_connections=50")
+        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                f"-c max_connections={self.max_connections}"
+                + ("" if self.durable else " -c fsync=off"))
         self._run(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts,
                   "-w", "start")
 

@@ -46,6 +46,9 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     assert {e["trigger"] for e in summary["triggers"]} == {"none", "statement", "per_row"}
     assert all(c["relay"] > 0 for c in summary["cost"])
     assert "big_backlog_vs_small" in summary["ratios"]
+    assert summary["ratios"]["pinned_horizon_vs_unpinned"] > 0
+    assert [d["pinned"] for d in summary["drain"] if d["kind"] in ("pinned", "unpinned")] == [
+        False, True]
     markdown = (tmp_path / "RESULTS.md").read_text()
     for section in ("## Drain throughput", "## Cost model", "## Latency", "## Producers spared"):
         assert section in markdown

@@ -1,0 +1,88 @@
+"""Where the unkeyed claim starts: above the rows the relay has already moved, most of the time.
+
+The claim walks the outbox's `seq` index from its start. Every row the relay deleted stays in
+that index until VACUUM removes it, and VACUUM can remove none of them while any transaction
+in the database is older than the delete (a report, a stuck session, a REPEATABLE READ
+snapshot: "the xmin horizon is pinned"). Then each claim steps over every row deleted since, and
+a backlog drains in time that grows with its square (500,000 rows: 0.70x the unpinned rate).
+
+So a claim starts at a *floor*: the lowest `seq` that some claim at least `LAG_S` ago got back.
+Below that floor, at that time, every row was either claimed (and is being published by one
+lane or another), not yet committed, or not due yet. The rows that can still turn up below it
+are the exceptions: a producer transaction that committed more than `LAG_S` after its INSERT,
+a retried or delayed row coming due, rows a failed batch or a dead relay released. A periodic
+*sweep* claims from the very start to find those: at least every `SWEEP_EVERY_S`, and less
+often when a sweep is expensive (a sweep may take at most `SWEEP_SHARE` of the time), at once
+after a floored claim found nothing, and whenever there is no floor old enough. A sweep that
+finds a row below the floor drops every floor (they wait `LAG_S` again).
+
+Pure bookkeeping, no I/O: the store asks `start()` before each claim and tells `claimed()`
+what came back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+# A claim from the very start of the index: every seq is >= this.
+SWEEP = -(2**63)
+LAG_S = 1.0
+SWEEP_EVERY_S = 1.0
+SWEEP_SHARE = 0.05
+
+
+class SeqFloor:
+    """The floor of the next unkeyed claim, shared by the lanes of one relay process."""
+
+    def __init__(self, *, lag_s: float = LAG_S, sweep_every_s: float = SWEEP_EVERY_S,
+                 sweep_share: float = SWEEP_SHARE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._lag_s = lag_s
+        self._sweep_every_s = sweep_every_s
+        self._sweep_share = sweep_share
+        self._clock = clock
+        # (when, lowest seq a claim got back), oldest first.
+        self._marks: deque[tuple[float, int]] = deque()
+        self._sweep_at = 0.0  # the first claim sweeps
+        self.sweeps = 0
+
+    def start(self) -> int:
+        """The lowest seq the next claim may return (SWEEP: from the start of the index)."""
+        now = self._clock()
+        if now >= self._sweep_at:
+            return SWEEP
+        floor = self._floor(now)
+        return SWEEP if floor is None else floor
+
+    def claimed(self, floor: int, lowest: int | None, elapsed_s: float) -> None:
+        """A claim that started at `floor` took `elapsed_s` and got back rows from `lowest` up
+        (None: no unkeyed row)."""
+        now = self._clock()
+        if floor == SWEEP:
+            self.sweeps += 1
+            self._sweep_at = now + max(self._sweep_every_s, elapsed_s / self._sweep_share)
+            current = self._floor(now)
+            if lowest is not None and current is not None and lowest < current:
+                self._marks.clear()
+        elif lowest is None:
+            # Nothing above the floor: whatever is due lies below it (or nothing is).
+            self._sweep_at = 0.0
+        if lowest is not None:
+            self._marks.append((now, lowest))
+        self._prune(now)
+
+    def _floor(self, now: float) -> int | None:
+        """The newest mark at least LAG_S old."""
+        found = None
+        for when, seq in self._marks:
+            if now - when < self._lag_s:
+                break
+            found = seq
+        return found
+
+    def _prune(self, now: float) -> None:
+        """Keep the newest mark older than LAG_S and every younger one."""
+        while len(self._marks) > 1 and now - self._marks[1][0] >= self._lag_s:
+            self._marks.popleft()

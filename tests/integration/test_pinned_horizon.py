@@ -1,0 +1,123 @@
+"""A claim that stays cheap when the database cannot clean up (real servers).
+
+A transaction elsewhere in the database (here a REPEATABLE READ snapshot) pins the xmin
+horizon: every row the relay deletes stays in the `seq` index. The unkeyed claim starts above
+the rows already moved (relay/pg/seqfloor.py), and its sweeps still find what turns up below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from relay.pg.queries import Queries
+from relay.pg.seqfloor import SWEEP
+from tests.conftest import NAMES
+from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
+
+
+@pytest.fixture
+async def pinned(env: Env) -> AsyncIterator[asyncpg.Connection]:
+    """A session whose snapshot holds the database's xmin horizon for the whole test."""
+    conn = await asyncpg.connect(env.pg_dsn)
+    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    await conn.fetchval("SELECT count(*) FROM queue_message")
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _index_entries_read(conn: asyncpg.Connection, sql: str, *args: Any) -> int:
+    """Index entries of the outbox that one run of `sql` reads (the server's own count for
+    the current transaction, which is rolled back: the claim's locks end with it)."""
+    count = ("SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index "
+             "WHERE indrelid = 'queue_message'::regclass")
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        before = await conn.fetchval(count)
+        rows = await conn.fetch(sql, *args)
+        assert len(rows) == 500
+        return int(await conn.fetchval(count)) - int(before)
+    finally:
+        await tx.rollback()
+
+
+async def test_with_the_horizon_pinned__a_floored_claim_steps_over_none_of_the_deleted_rows(
+    env: Env, pinned: asyncpg.Connection
+) -> None:
+    """The floor is an index bound: the claim from the floor reads its 500 rows' entries, the
+    claim from the bottom every deleted row's entry (and its heap tuple) as well."""
+    await insert_rows(env.pg_dsn, env.exchange, env.routing_key, ({"n": i} for i in range(30_000)))
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        await conn.execute("ANALYZE queue_message")
+        live_from = await conn.fetchval(
+            "SELECT seq FROM queue_message ORDER BY seq OFFSET 29500 LIMIT 1")
+        await conn.execute("DELETE FROM queue_message WHERE seq < $1", live_from)
+        claim = Queries(NAMES)["claim_batch"]
+        bottom = await _index_entries_read(conn, claim, 500, 24 << 20, SWEEP)
+        floored = await _index_entries_read(conn, claim, 500, 24 << 20, live_from)
+    finally:
+        await conn.close()
+    assert floored <= 1_000, (floored, bottom)
+    assert bottom >= 29_500, (floored, bottom)
+
+
+async def test_with_the_horizon_pinned__rows_below_the_floor_are_found_by_the_sweeps(
+    env: Env, consumer: Consumer, start_relay, pinned: asyncpg.Connection
+) -> None:
+    """A producer transaction that took its seq early and commits while the relay is busy far
+    above it (floored claims), and one that commits when the relay is idle: both delivered,
+    within the sweep period, nothing twice."""
+    late = await asyncpg.connect(env.pg_dsn)
+    late_idle = await asyncpg.connect(env.pg_dsn)
+    try:
+        ids = []
+        for conn in (late, late_idle):
+            await conn.execute("BEGIN")
+            ids.append(await conn.fetchval(
+                "INSERT INTO queue_message (exchange, routing_key, content) "
+                "VALUES ($1, $2, '{\"late\": true}') RETURNING id::text",
+                env.exchange, env.routing_key))
+        relay = start_relay()
+        flow: list[str] = []
+
+        async def produce(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                flow.extend(await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
+                                              ({"n": i} for i in range(200))))
+                await asyncio.sleep(0.02)
+
+        producer = asyncio.create_task(produce(5.0))
+        await asyncio.sleep(2.5)  # the relay has followed the flow for more than its lag
+        await late.execute("COMMIT")
+        committed = time.monotonic()
+        await wait_until(lambda: ids[0] in consumer.ids(), timeout_s=10,
+                         what="the row committed late below the floor, while the relay is busy")
+        busy_s = time.monotonic() - committed
+        assert not producer.done(), "the flow ended before the late row arrived"
+        await producer
+        await consumer.wait_for(len(flow) + 1, timeout_s=30)
+        await asyncio.sleep(1.5)  # idle now, its floor older than the lag
+        await late_idle.execute("COMMIT")
+        committed = time.monotonic()
+        await wait_until(lambda: ids[1] in consumer.ids(), timeout_s=10,
+                         what="the row committed late below the floor, to an idle relay")
+        idle_s = time.monotonic() - committed
+    finally:
+        await late.close()
+        await late_idle.close()
+    assert busy_s < 3.0, busy_s
+    assert idle_s < 1.0, idle_s
+    assert sorted(set(consumer.ids())) == sorted([*flow, *ids])
+    assert consumer.duplicates() == 0
+    assert await count_rows(env.pg_dsn) == 0
+    assert relay.alive()

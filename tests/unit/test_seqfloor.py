@@ -1,0 +1,120 @@
+"""Where the unkeyed claim starts (relay/pg/seqfloor.py): pure bookkeeping, a fake clock."""
+
+from __future__ import annotations
+
+from relay.pg.seqfloor import SWEEP, SeqFloor
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _floor(**kw: float) -> tuple[SeqFloor, Clock]:
+    clock = Clock()
+    return SeqFloor(lag_s=1.0, sweep_every_s=1.0, sweep_share=0.05, clock=clock, **kw), clock
+
+
+def test_the_first_claim_sweeps_and_a_floor_needs_a_claim_at_least_the_lag_old() -> None:
+    floor, clock = _floor()
+    assert floor.start() == SWEEP
+    floor.claimed(SWEEP, 10, 0.001)
+    clock.now += 0.5
+    assert floor.start() == SWEEP  # the only mark is younger than the lag
+    floor.claimed(SWEEP, 510, 0.001)
+    clock.now += 0.6
+    assert floor.start() == 10  # the newest mark at least 1 s old, not the younger 510
+
+
+def test_a_floor_follows_the_claims_with_the_lag() -> None:
+    floor, clock = _floor()
+    floor.claimed(floor.start(), 1, 0.001)
+    seqs = iter(range(501, 100_000, 500))
+    starts = []
+    for _ in range(40):  # 4 s of claims, one every 0.1 s
+        clock.now += 0.1
+        start = floor.start()
+        starts.append(start)
+        floor.claimed(start, next(seqs), 0.001)
+    floored = [s for s in starts if s != SWEEP]
+    assert floored == sorted(floored)
+    assert floored[-1] > 10_000
+    # Every floor is a claim's lowest seq from at least 1 s (10 claims) earlier.
+    assert all(s <= 1 + 500 * (i - 9) for i, s in enumerate(starts, 1) if s != SWEEP)
+
+
+def test_sweeps_come_at_least_every_second__and_rarer_when_they_are_expensive() -> None:
+    floor, clock = _floor()
+    floor.claimed(floor.start(), 1, 0.001)
+    kinds = []
+    for i in range(50):  # 5 s
+        clock.now += 0.1
+        start = floor.start()
+        kinds.append(start == SWEEP)
+        floor.claimed(start, 1000 + i * 500, 0.001)
+    # The first second has no floor old enough (every claim starts at the bottom); then one
+    # sweep a second.
+    assert all(kinds[:9]), kinds
+    assert 3 <= sum(kinds[10:]) <= 5, kinds
+    # A sweep that took 0.2 s may come again only after 0.2 / 0.05 = 4 s.
+    floor, clock = _floor()
+    floor.claimed(floor.start(), 1, 0.2)
+    sweeps_at = []
+    for i in range(100):  # 10 s
+        clock.now += 0.1
+        start = floor.start()
+        if start == SWEEP:
+            sweeps_at.append(round(clock.now - 100.0, 1))
+        floor.claimed(start, 1000 + i * 500, 0.2 if start == SWEEP else 0.001)
+    # Floorless claims of the first second (each an expensive sweep, 0.2 s), then the next
+    # sweep 4 s after the last of them.
+    first_second = [t for t in sweeps_at if t <= 1.0]
+    later = [t for t in sweeps_at if t > 1.0]
+    assert len(first_second) >= 9, sweeps_at
+    assert len(later) == 2, sweeps_at
+    gaps = [b - a for a, b in zip([first_second[-1], *later], later, strict=False)]
+    assert all(4.0 <= g <= 4.2 for g in gaps), sweeps_at
+
+
+def test_a_floored_claim_that_finds_nothing__makes_the_next_claim_a_sweep() -> None:
+    floor, clock = _floor()
+    floor.claimed(floor.start(), 5, 0.001)
+    clock.now += 0.5
+    floor.claimed(floor.start(), 500, 0.001)  # no floor old enough: from the bottom
+    clock.now += 0.6
+    start = floor.start()
+    assert start == 5
+    floor.claimed(start, None, 0.001)
+    assert floor.start() == SWEEP
+
+
+def test_a_sweep_that_finds_a_row_below_the_floor__drops_every_floor() -> None:
+    floor, clock = _floor()
+    floor.claimed(floor.start(), 1000, 0.001)
+    clock.now += 1.5
+    assert floor.start() == SWEEP  # periodic: 1.5 s since the first sweep
+    floor.claimed(SWEEP, 2000, 0.001)
+    clock.now += 0.1
+    assert floor.start() == 1000
+    floor.claimed(1000, 2500, 0.001)
+    clock.now += 1.0
+    assert floor.start() == SWEEP
+    # A late commit: row 7 below the floor turned up.
+    floor.claimed(SWEEP, 7, 0.001)
+    clock.now += 0.1
+    assert floor.start() == SWEEP  # no floor old enough any more
+    clock.now += 1.0
+    floor.claimed(SWEEP, 3000, 0.001)
+    clock.now += 0.1
+    assert floor.start() == 7  # marks from after the drop only
+
+
+def test_marks_stay_few() -> None:
+    floor, clock = _floor()
+    for i in range(10_000):
+        clock.now += 0.01
+        floor.claimed(floor.start(), i, 0.001)
+    assert len(floor._marks) <= 102
