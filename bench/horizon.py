@@ -1,0 +1,116 @@
+"""A drain with the xmin horizon pinned, two builds back to back, on a private cluster.
+
+    python -m bench.horizon --before-src /tmp/relay-before --rows 500000 \
+        --out bench/compare/pinned-horizon.md
+
+Another session holds a REPEATABLE READ snapshot taken before the backlog's insert until the
+drain ends, so no row the relay deletes can be cleaned up (bench/drain.py `pinned`). For each
+build (`--before-src`: another checkout; after: this tree), one drain with the horizon free and
+one with it pinned, alternating builds, on a private initdb cluster with the server's defaults
+(bench/server.py). Writes a Markdown report with the machine, the command, the date and the
+load average before every drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench import common
+from bench.common import create_env, drop_env, load_before, machine
+from bench.compare import _quiet, _revision
+from bench.drain import drain_once
+from bench.server import private_server
+
+
+async def horizon(before_src: str, rows: int, runs: int, quiet_below: float,
+                  ) -> list[dict[str, Any]]:
+    """Alternate the builds; within each, the horizon free then pinned."""
+    env = await create_env("horizon")
+    records = []
+    try:
+        for i in range(runs):
+            for build, src in (("before", before_src), ("after", "")):
+                for pinned in (False, True):
+                    await _quiet(quiet_below)
+                    common.RELAY_SRC = src  # read by Relay.start at each start
+                    result = await drain_once(env, rows, pinned=pinned)
+                    record = {"build": build, "run": i + 1, "pinned": pinned,
+                              "rows": rows, "msg_per_s": result["msg_per_s"],
+                              "seconds": result["seconds"],
+                              "load_before": result["load_before"]}
+                    print(json.dumps(record), flush=True)
+                    records.append(record)
+    finally:
+        common.RELAY_SRC = ""
+        await drop_env(env)
+    return records
+
+
+def report(records: list[dict[str, Any]], command: str, started: str, load: list[float],
+           before_src: str) -> str:
+    """The Markdown results file."""
+    lines = [
+        "# Drain with the xmin horizon pinned, before and after",
+        "",
+        "Written by `bench/horizon.py` (do not edit by hand).",
+        "",
+        f"- date: {started}",
+        f"- command: `{command}`",
+        f"- builds: before = {_revision(before_src)}, after = {_revision()}",
+        f"- machine: {machine()}",
+        f"- load average before the run: {load}",
+        "- PostgreSQL: a private initdb cluster with the server's defaults (autovacuum on); "
+        "one `relay run` with default settings; pinned = another session holds a "
+        "REPEATABLE READ snapshot from before the insert until the drain ends",
+        "",
+        "| build | run | xmin horizon | rows | msg/s | seconds | load before |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        lines.append(f"| {r['build']} | {r['run']} | {'pinned' if r['pinned'] else 'free'} | "
+                     f"{r['rows']:,} | {r['msg_per_s']:,.0f} | {r['seconds']} | "
+                     f"{r['load_before']} |")
+    lines += ["", "## Medians", "", "| build | free msg/s | pinned msg/s | pinned / free |",
+              "|---|---|---|---|"]
+    for build in ("before", "after"):
+        free = statistics.median(r["msg_per_s"] for r in records
+                                 if r["build"] == build and not r["pinned"])
+        pinned = statistics.median(r["msg_per_s"] for r in records
+                                   if r["build"] == build and r["pinned"])
+        lines.append(f"| {build} | {free:,.0f} | {pinned:,.0f} | {pinned / free:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Parse arguments, run on a private cluster, write the report."""
+    parser = argparse.ArgumentParser(prog="python -m bench.horizon")
+    parser.add_argument("--before-src", required=True)
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quiet-below", type=float, default=1.0,
+                        help="wait (up to 2 min) for the 1-minute load average to fall under "
+                        "this before each drain")
+    args = parser.parse_args()
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    load = load_before()
+    with private_server() as dsn:
+        common.use_server(dsn)
+        records = uvloop.run(horizon(args.before_src, args.rows, args.runs, args.quiet_below))
+    command = "python -m bench.horizon " + shlex.join(sys.argv[1:])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report(records, command, started, load, args.before_src))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
