@@ -318,6 +318,15 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
 # ---------------------------------------------------------------------- run metadata
 
 
+async def wait_quiet(below: float, most_s: float = 120.0) -> None:
+    """Wait (at most `most_s`) until the 1-minute load average is under `below`: the runs
+    themselves load this 2-core machine, and a run must not start on the last one's load."""
+    for _ in range(int(most_s / 2)):
+        if os.getloadavg()[0] < below:
+            return
+        await asyncio.sleep(2)
+
+
 def machine() -> dict[str, Any]:
     """CPU model, cores (nproc), memory, kernel."""
     model = "?"

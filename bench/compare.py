@@ -13,9 +13,7 @@ and the medians) to --out, and prints one JSON line per run.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -27,17 +25,8 @@ from typing import Any
 import uvloop
 
 from bench import common
-from bench.common import DEFAULT_MODE, create_env, drop_env, load_before, machine
+from bench.common import DEFAULT_MODE, create_env, drop_env, load_before, machine, wait_quiet
 from bench.latency import latency_once
-
-
-async def _quiet(below: float, most_s: float = 120.0) -> None:
-    """Wait (at most `most_s`) until the 1-minute load average is under `below`: the runs
-    themselves load this 2-core machine, and a run must not start on the last one's load."""
-    for _ in range(int(most_s / 2)):
-        if os.getloadavg()[0] < below:
-            return
-        await asyncio.sleep(2)
 
 
 async def compare(before_src: str, rates: list[tuple[int, int]], runs: int,
@@ -49,7 +38,7 @@ async def compare(before_src: str, rates: list[tuple[int, int]], runs: int,
         for rate, connections in rates:
             for i in range(runs):
                 for build, src in (("before", before_src), ("after", "")):
-                    await _quiet(quiet_below)
+                    await wait_quiet(quiet_below)
                     common.RELAY_SRC = src  # read by Relay.start at each start
                     result = await latency_once(env, rate, seconds, connections=connections)
                     record = {"build": build, "run": i + 1, "rate": rate,

@@ -25,8 +25,8 @@ from typing import Any
 import uvloop
 
 from bench import common
-from bench.common import create_env, drop_env, load_before, machine
-from bench.compare import _quiet, _revision
+from bench.common import create_env, drop_env, load_before, machine, wait_quiet
+from bench.compare import _revision
 from bench.drain import drain_once
 from bench.server import private_server
 
@@ -40,7 +40,7 @@ async def horizon(before_src: str, rows: int, runs: int, quiet_below: float,
         for i in range(runs):
             for build, src in (("before", before_src), ("after", "")):
                 for pinned in (False, True):
-                    await _quiet(quiet_below)
+                    await wait_quiet(quiet_below)
                     common.RELAY_SRC = src  # read by Relay.start at each start
                     result = await drain_once(env, rows, pinned=pinned)
                     record = {"build": build, "run": i + 1, "pinned": pinned,

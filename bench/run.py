@@ -38,6 +38,7 @@ from bench.common import (
     machine,
     reset_env,
     set_mode,
+    wait_quiet,
 )
 from bench.drain import drain_once
 from bench.latency import latency_once
@@ -70,17 +71,22 @@ class Plan:
     pg_rows: int
     classic_rows: int
     pinned_rows: int = 0  # a drain of this size with the xmin horizon pinned, and one without
+    # Before each run, wait (at most 2 min) for the 1-minute load average to fall under this:
+    # a drain leaves this 2-core machine at ~2, and the next run must not start on it.
+    quiet_below: float | None = None
     other_modes: tuple[NotifyMode, ...] = (NotifyMode.ALWAYS,)  # beside the default, labelled
 
 
 FULL = Plan(3, 100_000, 1_000_000, 20_000, (1, 2, 4), ((1000, 4), (3000, 16)), 10.0,
-            5, 4.0, 80_000, 100_000, 20_000, 100_000, 100_000, 1_000, pinned_rows=500_000)
+            5, 4.0, 80_000, 100_000, 20_000, 100_000, 100_000, 1_000, pinned_rows=500_000,
+            quiet_below=1.0)
 SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5,
              1, 1.0, 10_000, 5_000, 2_000, 3_000, 3_000, 100, pinned_rows=3_000,
              other_modes=())
 
 
 Figure = dict[str, Any]
+QUIET_BELOW: float | None = None  # the plan's, set by main()
 
 
 async def servers_answer(timeout_s: float = 120.0) -> None:
@@ -111,6 +117,8 @@ async def repeat(
     out = []
     for i in range(runs):
         for attempt in range(3):
+            if QUIET_BELOW is not None:
+                await wait_quiet(QUIET_BELOW)
             load = load_before()
             try:
                 result = await once()
@@ -336,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = SMOKE if args.smoke else FULL
     if args.runs:
         plan = dataclasses.replace(plan, runs=args.runs)
+    global QUIET_BELOW  # noqa: PLW0603 - one setting of the whole run
+    QUIET_BELOW = plan.quiet_below
     out = args.out or (Path(tempfile.mkdtemp(prefix="bench-smoke-")) if args.smoke
                        else Path(__file__).parent)
     out.mkdir(parents=True, exist_ok=True)
