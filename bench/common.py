@@ -136,6 +136,15 @@ async def drop_env(env: BenchEnv) -> None:
         await admin.close()
 
 
+async def checkpoint(env: BenchEnv) -> None:
+    """Flush every dirty buffer now (the scenario's admin connection is a superuser's)."""
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        await conn.execute("CHECKPOINT")
+    finally:
+        await conn.close()
+
+
 async def purge_queue(env: BenchEnv) -> None:
     """Empty the scenario's queue between runs (nothing consumes during a drain)."""
     amqp = await aio_pika.connect(AMQP_URL)
