@@ -1,7 +1,7 @@
 """The ceilings the relay is measured against, each alone, in the same run.
 
 - aio-pika pipelined: confirms pipelined (up to 1,000 in flight) on one confirm channel;
-- bulk frames: relay/amqp/bulk.py without any database (3 batches of 500 in flight);
+- bulk frames: BulkPublisher (relay/amqp/pipeline.py) alone, no database (3 x 500 in flight);
 - PostgreSQL claim/delete: `DELETE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)` on
   3 connections, rows returned as the relay would read them;
 - classic: the per-row design this project replaces (one transaction and one new confirm
@@ -19,7 +19,7 @@ import aio_pika
 import asyncpg
 
 from bench.common import AMQP_URL, ROUTING_KEY, BenchEnv, insert_backlog, purge_queue
-from relay.amqp.bulk import BulkPublisher
+from relay.amqp.pipeline import BulkPublisher
 from relay.interfaces import Message
 from relay.options import Properties
 

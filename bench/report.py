@@ -149,7 +149,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Ceilings and baseline (same run)", "", "| path | msg/s |", "|---|---|"]
     names = {"classic_relay": "classic per-row relay (1 tx + 1 confirm channel per row)",
              "aio_pika_pipelined": "aio-pika, confirms pipelined (1,000 in flight)",
-             "bulk_frames": "bulk-frame publish limit (relay/amqp/bulk.py, 3 × 500 in flight, "
+             "bulk_frames": "bulk-frame publish limit (BulkPublisher alone, 3 × 500 in flight, "
                             "no DB)",
              "pg_claim_delete": "PostgreSQL DELETE … FOR UPDATE SKIP LOCKED, 3 × 500"}
     lines += [f"| {names[k]} | {_range(val)} |" for k, val in s["limits"].items()]

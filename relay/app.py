@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import ssl
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -20,23 +18,23 @@ from relay.amqp.encoder import Encoder
 from relay.amqp.nodes import redact_urls
 from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.deadlines import Deadlines
-from relay.errors import BrokerError, ConfigError, DatabaseUnavailable
+from relay.errors import BrokerRefusedAtStart, ConfigError, DatabaseUnavailable
 from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
+from relay.loop.sleep import AdaptivePoll, Doorbell
 from relay.loop.worker import Worker, WorkerConfig
 from relay.ops.http import Health, HttpServer
 from relay.ops.metrics import BacklogPoller, RelayMetrics
 from relay.ops.statuspage import StatusPage
+from relay.pg.connection import connect, table_names
+from relay.pg.leaderlock import LeaderLock
 from relay.pg.listener import Listener
 from relay.pg.queries import Queries
 from relay.pg.status import StatusSource
-from relay.pg.store import Outbox, connect, table_names
-from relay.pg.wakeup import AdaptivePoll, LockGate
+from relay.pg.store import Outbox
+from relay.pg.wakeup import LockGate
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings, redact_url
 from relay.supervise import Backoff, Stopping, Supervisor, Supervisors
-
-if TYPE_CHECKING:
-    import asyncpg
 
 log = structlog.get_logger("relay.app")
 
@@ -59,17 +57,6 @@ def _backoff(settings: Settings) -> Backoff:
     return Backoff(base_s=0.2, max_s=settings.reconnect_max_s)
 
 
-async def connect_when_up(settings: Settings, role: str) -> asyncpg.Connection:
-    """One session, waiting (bounded by RELAY_STARTUP_TIMEOUT_S) for a writable server.
-
-    For one-shot commands such as `relay migrate`; raises `GaveUp` past the bound.
-    """
-    sup = Supervisor(role, backoff=_backoff(settings),
-                     give_up_after_s=settings.startup_timeout_s,
-                     describe=redact_url(settings.pg_dsn))
-    return await sup.establish(lambda: connect(settings, role), retry_on=(DatabaseUnavailable,))
-
-
 async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
                        supervisors: Supervisors) -> None:
     """The worker, behind the leader lock in single-active mode."""
@@ -78,9 +65,7 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
         return
     queries = Queries(table_names(settings))
     leadership = Leadership(
-        lambda: connect(settings, "leader"),
-        queries["leader_try_lock"],
-        queries["ping"],
+        LeaderLock(settings, queries),
         poll_interval_s=settings.leader_poll_interval_s,
         supervisor=supervisors.add("leader"),
     )
@@ -88,31 +73,6 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
         await run_when_leader(worker, leadership, outbox.terminate)
     finally:
         await leadership.close()
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    """The exception, its causes and contexts, and exceptions carried in their args."""
-    seen: list[BaseException] = []
-    todo: list[BaseException] = [exc]
-    while todo and len(seen) < 20:
-        current = todo.pop()
-        if any(current is s for s in seen):
-            continue
-        seen.append(current)
-        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
-        todo += [a for a in current.args if isinstance(a, BaseException)]
-    return seen
-
-
-def _tls_refused(exc: BrokerError) -> bool:
-    return any(isinstance(e, ssl.SSLCertVerificationError) for e in _causes(exc))
-
-
-def _auth_refused(exc: BrokerError) -> bool:
-    cause = exc.__cause__
-    return type(cause).__name__ in {"AuthenticationError", "ProbableAuthenticationError"} or (
-        "ACCESS_REFUSED" in str(cause)
-    )
 
 
 def make_publisher(settings: Settings, supervisor: Supervisor) -> Pipeline:
@@ -143,11 +103,9 @@ async def _open_servers(
         # certificate the CA file does not vouch for, or credentials the broker refuses, will
         # not change by waiting: the connection raises at once, a configuration error.
         await publisher.connect()
-    except BrokerError as exc:
+    except BrokerRefusedAtStart as exc:
         await outbox.close()
-        if _tls_refused(exc) or _auth_refused(exc):
-            raise ConfigError(f"RELAY_AMQP_URL: {exc}") from exc
-        raise
+        raise ConfigError(f"RELAY_AMQP_URL: {exc}") from exc
     except BaseException:
         await outbox.close()
         raise
@@ -184,19 +142,20 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
                  publisher: Pipeline, stop_requested: asyncio.Event) -> None:
     """Run listener and worker over open servers until a stop is requested."""
     metrics = RelayMetrics() if settings.http_port else None
-    worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics)
-    worker.db_supervisor = supervisors.get("database")
-    worker.gate = gate = LockGate(
+    doorbell = Doorbell()
+    gate = LockGate(
         lambda: connect(settings, "wakeup"),
         Queries(table_names(settings)),
-        worker.wake,
+        doorbell.ring,
         poll=AdaptivePoll(settings.poll_min_interval_s, settings.poll_interval_s),
         fallback_poll_s=min(1.0, settings.poll_interval_s),
     )
+    worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, gate=gate,
+                    doorbell=doorbell, db_supervisor=supervisors.get("database"))
     listener = Listener(
         lambda: connect(settings, "listener"),
         settings.notify_channel,
-        worker.wake,
+        doorbell.ring,
         supervisor=supervisors.add("listener"),
         ping_sql=Queries(table_names(settings))["ping"],
     )

@@ -17,15 +17,13 @@ from typing import Any
 from dotenv import dotenv_values
 
 from relay.errors import ConfigError
-from relay.settings import Settings, redact_url
+from relay.settings import SECRET_FIELDS, Settings, redact_url
 
 PREFIX = "RELAY_"
-# Read outside Settings: the folder of secret files (relay/cli.py).
+# Read outside Settings: the folder of secret files (relay/cli/main.py).
 EXTRA_VARIABLES = {"RELAY_SECRETS_DIR"}
 # The test suite's own variables (tests/services.py), never read by the relay.
 RESERVED_PREFIXES = ("RELAY_TEST_",)
-# Settings whose value may carry a password.
-SECRET_FIELDS = {"pg_dsn", "amqp_url"}
 
 
 def version() -> str:

@@ -27,6 +27,11 @@ class BrokerError(RelayError):
     """RabbitMQ is unreachable or closed the connection."""
 
 
+class BrokerRefusedAtStart(BrokerError):
+    """At start-up the broker refused the relay's credentials or its certificate: waiting will
+    not change them (a configuration error; after start the same refusal is an outage)."""
+
+
 class SchemaError(RelayError):
     """The outbox table is missing or not migrated: run `relay migrate`."""
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Literal, TypeVar
 
 import structlog
 
+from relay.backoff import jittered_delay_s
 from relay.errors import RelayError
 
 log = structlog.get_logger("relay.supervise")
@@ -53,10 +53,10 @@ class Backoff:
 
     def delays(self) -> Iterator[float]:
         """An endless series of jittered delays, doubling up to `max_s`."""
-        delay = self.base_s
+        attempt = 0
         while True:
-            yield random.uniform(delay / 2, delay)
-            delay = min(delay * 2, self.max_s)
+            yield jittered_delay_s(self.base_s, self.max_s, attempt)
+            attempt += 1
 
 
 class Supervisor:

@@ -21,7 +21,7 @@ import structlog
 
 from relay.amqp import compat
 from relay.amqp.nodes import Nodes, broker_user, redact_urls
-from relay.errors import BrokerError
+from relay.errors import BrokerError, BrokerRefusedAtStart
 from relay.settings import redact_url
 from relay.supervise import Supervisor
 
@@ -115,8 +115,8 @@ class BrokerConnection:
                 if not self.supervisor.ever_up:
                     # At start-up, refused credentials or an untrusted certificate are a
                     # configuration error: waiting will not change them.
-                    raise BrokerError(f"RabbitMQ at {redact_url(url)} refused the "
-                                      f"connection: {exc}") from exc
+                    raise BrokerRefusedAtStart(f"RabbitMQ at {redact_url(url)} refused the "
+                                               f"connection: {exc}") from exc
                 # After the relay has run with them, they were changed under it (a rotated
                 # password, a renewed certificate): an outage like any other, retried with
                 # the supervisor's capped backoff until the new ones are in place.

@@ -212,7 +212,6 @@ class ConfirmTracker:
     def __init__(self) -> None:
         self.next_tag = 1
         self.ranges: deque[TagRange] = deque()
-        self.returned: dict[str, str] = {}
 
     def add(self, ids: list[str], on_done: Callable[[], None]) -> TagRange:
         """Reserve tags for a batch about to be written (in write order)."""
@@ -241,10 +240,6 @@ class ConfirmTracker:
         for r in finished:
             self.ranges.remove(r)
             r.on_done()
-
-    def on_return(self, row_id: str, reason: str) -> None:
-        """A basic.return: the broker will ack this message, but it reached no queue."""
-        self.returned[row_id] = reason
 
     def abandon_all(self) -> None:
         """The channel closed: every pending tag's fate is unknown."""

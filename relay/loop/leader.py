@@ -14,10 +14,9 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
-import asyncpg
 import structlog
 
 from relay.errors import DatabaseError, RelayError
@@ -26,9 +25,15 @@ from relay.supervise import Stopping, Supervisor
 
 log = structlog.get_logger("relay.loop.leader")
 
-Connect = Callable[[], Awaitable[Any]]
-_PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError)
-_RETRY_ON = (DatabaseError, OSError, TimeoutError, *_PG_ERRORS)
+
+class Lock(Protocol):
+    """The leader lock's session (relay/pg/leaderlock.py); failures raise DatabaseError."""
+
+    async def try_acquire(self) -> bool: ...
+
+    async def wait_lost(self, interval_s: float) -> str: ...
+
+    async def close(self) -> None: ...
 
 
 class LeadershipLost(RelayError):
@@ -38,14 +43,11 @@ class LeadershipLost(RelayError):
 class Leadership:
     """Acquires and watches the leader lock on its own connection, under its Supervisor."""
 
-    def __init__(self, connect: Connect, lock_sql: str, ping_sql: str, *,
-                 poll_interval_s: float, supervisor: Supervisor | None = None) -> None:
-        self._connect = connect
-        self._lock_sql = lock_sql
-        self._ping_sql = ping_sql
+    def __init__(self, lock: Lock, *, poll_interval_s: float,
+                 supervisor: Supervisor | None = None) -> None:
+        self._lock = lock
         self.poll_interval_s = poll_interval_s
         self.supervisor = supervisor or Supervisor("leader")
-        self._conn: Any = None
 
     async def acquire(self, heartbeat: Callable[[], None] = lambda: None) -> None:
         """Return once this relay holds the leader lock (stand by, polling, until then).
@@ -57,12 +59,10 @@ class Leadership:
         while True:
             heartbeat()
             try:
-                if self._conn is None or self._conn.is_closed():
-                    self._conn = await self._connect()
-                got = await self._conn.fetchval(self._lock_sql)
-            except _RETRY_ON as exc:
+                got = await self._lock.try_acquire()
+            except DatabaseError as exc:
                 self.supervisor.failed(exc)
-                await self._drop()
+                await self._lock.close()
                 if not await self.supervisor.pause():
                     raise Stopping("leader: stopping") from None
                 continue
@@ -78,24 +78,14 @@ class Leadership:
                 raise Stopping("leader: stopping")
 
     async def watch(self) -> None:
-        """Raise LeadershipLost as soon as the lock connection stops answering."""
-        while await self.supervisor.sleep(self.poll_interval_s):
-            try:
-                await asyncio.wait_for(self._conn.fetchval(self._ping_sql),
-                                       timeout=max(self.poll_interval_s, 2.0))
-            except (OSError, TimeoutError, *_PG_ERRORS) as exc:
-                self.supervisor.lost(exc)
-                raise LeadershipLost(f"leader lock connection lost: {exc}") from exc
+        """Raise LeadershipLost as soon as the lock connection is gone or stops answering."""
+        reason = await self._lock.wait_lost(self.poll_interval_s)
+        self.supervisor.lost(reason)
+        raise LeadershipLost(f"leader lock connection lost: {reason}")
 
     async def close(self) -> None:
         """Close the lock connection (which releases the lock)."""
-        await self._drop()
-
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), timeout=5)
+        await self._lock.close()
 
 
 async def run_when_leader(worker: Worker, leadership: Leadership,

@@ -16,7 +16,7 @@ from relay.errors import DatabaseError
 from relay.interfaces import BatchObserver, Kind, NoMetrics, Publisher, Store
 from relay.loop.batch import BatchPlan, run_batch
 from relay.loop.retry import RetryPolicy
-from relay.pg.wakeup import AlwaysNotified, WakeupGate
+from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate
 from relay.supervise import Backoff, Supervisor
 
 log = structlog.get_logger("relay.loop.worker")
@@ -48,6 +48,8 @@ class Worker:
         *,
         metrics: BatchObserver | None = None,
         gate: WakeupGate | None = None,
+        doorbell: Doorbell | None = None,
+        db_supervisor: Supervisor | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -56,11 +58,12 @@ class Worker:
         self.gate: WakeupGate = gate or AlwaysNotified()
         self.claimed_total = 0
         self._claimed_at_sleep = 0
-        self._wake = asyncio.Event()
+        self._wake = (doorbell or Doorbell()).event
         self._stopping = asyncio.Event()
-        # The pool's connection state; relay/app.py puts it among the process's supervisors.
-        self.db_supervisor = Supervisor("database", backoff=Backoff(0.2, config.db_retry_max_s),
-                                        stopping=self._stopping)
+        # The pool's connection state (relay/app.py passes the one among the process's
+        # supervisors, which /healthz shows).
+        self.db_supervisor = db_supervisor or Supervisor(
+            "database", backoff=Backoff(0.2, config.db_retry_max_s), stopping=self._stopping)
         self.published_total = 0
         self._last_had_keys = False
         self._last_full_by_bytes = False

@@ -13,8 +13,8 @@ from typing import Any
 import asyncpg
 
 from relay.errors import DatabaseError, RelayError
+from relay.pg.connection import DB_ERRORS
 from relay.pg.queries import Queries
-from relay.pg.store import DB_ERRORS
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -10,7 +9,7 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
-from relay.pg.store import DB_ERRORS
+from relay.pg.connection import DB_ERRORS, watch_session
 from relay.supervise import Stopping, Supervisor
 
 log = structlog.get_logger("relay.pg.listener")
@@ -80,17 +79,8 @@ class Listener:
 
     async def _watch(self, conn: asyncpg.Connection) -> str:
         """Return why the session is gone: closed by the server, or not answering a ping."""
-        lost = asyncio.Event()
-        conn.add_termination_listener(lambda _c: lost.set())
-        while not lost.is_set() and not conn.is_closed():
-            try:
-                await asyncio.wait_for(lost.wait(), timeout=self.check_interval_s)
-            except TimeoutError:
-                try:
-                    await conn.fetchval(self._ping_sql, timeout=self.check_interval_s)
-                except DB_ERRORS as exc:
-                    return f"ping failed: {type(exc).__name__}: {exc}"
-        return "connection closed"
+        return await watch_session(conn, self._ping_sql, interval_s=self.check_interval_s,
+                                   timeout_s=self.check_interval_s)
 
     async def close(self) -> None:
         """Drop the connection (run() is cancelled by the owner)."""

@@ -12,6 +12,7 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
+from relay.pg.connection import DB_ERRORS
 from relay.pg.queries import Queries, TableNames
 from relay.pg.schema import (
     applied_versions,
@@ -19,7 +20,6 @@ from relay.pg.schema import (
     migration_files,
     target_of,
 )
-from relay.pg.store import DB_ERRORS
 from relay.settings import NotifyMode
 
 log = structlog.get_logger("relay.pg.migrate")

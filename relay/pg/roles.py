@@ -8,8 +8,8 @@ import re
 import asyncpg
 
 from relay.errors import ConfigError, DatabaseError
+from relay.pg.connection import DB_ERRORS
 from relay.pg.queries import TableNames, quote_ident, sql_dir
-from relay.pg.store import DB_ERRORS
 
 DEFAULT_PRODUCER_ROLE = "outbox_producer"
 DEFAULT_RELAY_ROLE = "outbox_relay"

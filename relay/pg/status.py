@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relay.errors import DatabaseError
+from relay.pg.connection import DB_ERRORS
 from relay.pg.queries import Queries
-from relay.pg.store import DB_ERRORS
 
 
 @dataclass

@@ -1,12 +1,10 @@
-"""The store: every database call of the relay loop (asyncpg lives here and in listener.py)."""
+"""The outbox store: claims, settles and reports through a small pool (connections open in
+relay/pg/connection.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import os
-import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -14,159 +12,24 @@ from typing import Any
 
 import asyncpg
 
-from relay import dsn
 from relay.deadlines import Deadlines
 from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
 from relay.interfaces import ClaimOptions, OutboxRow, Settlement
-from relay.pg import compat as pg_compat
-from relay.pg.queries import Queries, TableNames, raw_queries
+from relay.pg.connection import (
+    DB_ERRORS,
+    UNAVAILABLE_ERRORS,
+    Conn,
+    connect_failed,
+    drop_if_stuck,
+    require_read_write,
+    session_args,
+    table_names,
+    tune_socket,
+)
+from relay.pg.queries import Queries
 from relay.pg.schema import require_current
 from relay.pg.seqfloor import SWEEP, SeqFloor
-from relay.settings import OnSuccess, Settings, redact_url
-
-DB_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    # A connection whose server vanished mid-statement (kill -9, failover) can surface as
-    # "cannot switch to state ...; another operation is in progress".
-    asyncpg.exceptions.InternalClientError,
-    OSError,
-    TimeoutError,
-)
-
-# "No usable server now" (down, starting or shutting down, out of connection slots, or no host of
-# a multi-host DSN is writable): retried by the supervisors, never a configuration error.
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.TooManyConnectionsError,
-    asyncpg.exceptions.TargetServerAttributeNotMatched,
-)
-
-# The pool logs a traceback per failed reconnect of its idle floor; the worker logs each
-# outage once itself (its Supervisor: connection_lost ... connection_restored).
-logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
-
-# A pooled connection proxy or a plain connection: both run queries the same way.
-Conn = Any
-
-
-
-def table_names(settings: Settings) -> TableNames:
-    """The quoted names of the configured outbox table and its companions."""
-    return TableNames(settings.table_schema, settings.table_name, settings.notify_channel)
-
-
-def connect_args(settings: Settings, role: str) -> dict[str, Any]:
-    """asyncpg.connect() arguments: DSN, application_name, keepalives, transaction bounds."""
-    # One libpq parser (relay/dsn.py) for both DSN forms; PG* variables fill what is absent.
-    args: dict[str, Any] = dsn.parse(settings.pg_dsn).asyncpg_args() if settings.pg_dsn else {}
-    from_dsn = args.pop("server_settings", {})
-    app_name = f"outbox-relay {role} {socket.gethostname()} {os.getpid()}"[:63]
-    # A relay cut off mid-batch must not hold its rows locked much longer than a batch may take;
-    # a batch's publish always ends before this (relay/deadlines.py).
-    deadlines = Deadlines.from_settings(settings)
-    args["server_settings"] = {
-        **from_dsn,  # options=-c ... from the DSN; the relay names its sessions itself
-        "application_name": app_name,
-        "idle_in_transaction_session_timeout": str(deadlines.idle_in_transaction_ms),
-        "tcp_keepalives_idle": "10",
-        "tcp_keepalives_interval": "5",
-        "tcp_keepalives_count": "3",
-        # Data the server sent that the relay's host never acknowledges (a cut link) ends
-        # the session after this, so a backend blocked in send cannot hold rows locked
-        # past the idle-in-transaction bound.
-        "tcp_user_timeout": str(deadlines.idle_in_transaction_ms),
-    }
-    args.setdefault("timeout", 10)
-    if role == "worker":
-        # Claims and settles only: other sessions wait on locks (wake-up, leader) or migrate.
-        args["server_settings"]["statement_timeout"] = str(deadlines.statement_timeout_ms)
-        # The client gives up a little after the server would have cancelled the statement.
-        args["command_timeout"] = deadlines.statement_timeout_s + 5
-    else:
-        args["command_timeout"] = max(30.0, settings.publish_timeout_s * 2)
-    return args
-
-
-def session_args(settings: Settings, role: str) -> dict[str, Any]:
-    """connect_args() for a session the relay keeps: every host of a multi-host DSN is tried,
-    and unless the DSN says otherwise only a writable server (the primary) is accepted."""
-    args = connect_args(settings, role)
-    for key, convert in (("host", str), ("port", int)):
-        value = args.get(key)
-        if isinstance(value, str) and "," in value:  # libpq keyword form: host=h1,h2
-            args[key] = [convert(v) for v in value.split(",")]
-    if ("target_session_attrs" not in args and "target_session_attrs" not in (settings.pg_dsn or "")
-            and not os.environ.get("PGTARGETSESSIONATTRS")):
-        args["target_session_attrs"] = "read-write"
-    return args
-
-
-def tune_socket(conn: Conn, user_timeout_ms: int) -> None:
-    """Client-side TCP keepalives and TCP_USER_TIMEOUT on the session's socket: a cut link is
-    noticed by the kernel (unanswered keepalives on an idle session, unacknowledged data on a
-    busy one) instead of a statement waiting out its timeout. The tcp_keepalives_* server
-    settings only cover the server's side. asyncpg has no option for this: its transport's
-    socket is reached through relay/pg/compat.py (tests/integration/test_compat.py)."""
-    sock = pg_compat.socket_of(conn)
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return  # a unix socket has no network to lose
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
-                            ("TCP_USER_TIMEOUT", user_timeout_ms)):
-            option = getattr(socket, name, None)
-            if option is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
-
-
-async def require_read_write(conn: Conn) -> None:
-    """Refuse a session on a read-only server (a standby): it could neither claim nor lock."""
-    try:
-        read_only = await conn.fetchval(raw_queries()["session_read_only"])
-    except DB_ERRORS as exc:
-        raise DatabaseUnavailable(f"checking the server's role failed: {exc}") from exc
-    if read_only:
-        raise DatabaseUnavailable("the server is read-only (a standby?): trying again")
-
-
-def _connect_failed(settings: Settings, exc: BaseException) -> DatabaseError:
-    where = redact_url(settings.pg_dsn)
-    kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
-    return kind(f"cannot connect to PostgreSQL at {where}: {exc}")
-
-
-async def connect(settings: Settings, role: str) -> asyncpg.Connection:
-    """One connection to a writable server, errors translated (DatabaseUnavailable: retry)."""
-    try:
-        conn: asyncpg.Connection = await asyncpg.connect(**session_args(settings, role))
-    except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
-        raise _connect_failed(settings, exc) from exc
-    tune_socket(conn, Deadlines.from_settings(settings).idle_in_transaction_ms)
-    try:
-        await require_read_write(conn)
-    except DatabaseError:
-        conn.terminate()
-        raise
-    return conn
-
-
-def _drop_if_stuck(conn: Conn, exc: BaseException) -> None:
-    """Terminate the connection at once unless the server itself reported the error (then the
-    session is sound and a rollback works). A statement that timed out on the client means a
-    server that does not answer, usually a silent network cut: a rollback, a commit or the
-    pool's reset on it would each wait another command timeout. A client-side state error
-    (asyncpg's "cannot switch to state ...; another operation is in progress", after its
-    server session was ended under a statement) leaves a connection whose next statement can
-    hang: back in the pool, it stalled a batch's settle and the relay's stop."""
-    if not isinstance(exc, asyncpg.PostgresError) or isinstance(
-            exc, asyncpg.PostgresConnectionError | asyncpg.exceptions.OperatorInterventionError):
-        with contextlib.suppress(Exception):
-            conn.terminate()
+from relay.settings import OnSuccess, Settings
 
 
 async def _rollback_quietly(conn: Conn, tx: Any) -> None:
@@ -205,7 +68,7 @@ class _Claim:
         try:
             await self._tx.commit()
         except DB_ERRORS as exc:
-            _drop_if_stuck(self._conn, exc)
+            drop_if_stuck(self._conn, exc)
             raise DatabaseError(f"commit failed: {exc}") from exc
         self.committed = True
 
@@ -224,7 +87,7 @@ class _Claim:
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
                 await self._conn.execute(self._q["notify_dead"], str(len(ids)))
         except DB_ERRORS as exc:
-            _drop_if_stuck(self._conn, exc)
+            drop_if_stuck(self._conn, exc)
             raise DatabaseError(f"settling a batch failed: {exc}") from exc
 
 
@@ -310,7 +173,7 @@ class Outbox:
                 **session_args(settings, "worker"),
             )
         except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
-            raise _connect_failed(settings, exc) from exc
+            raise connect_failed(settings, exc) from exc
         assert pool is not None
         outbox = cls(pool, Queries(table_names(settings)), settings.on_success,
                      ClaimOptions.from_settings(settings))
@@ -362,7 +225,7 @@ class Outbox:
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
-                _drop_if_stuck(conn, exc)
+                drop_if_stuck(conn, exc)
                 raise DatabaseError(f"claiming rows failed: {exc}") from exc
             batch = _Claim(conn, tx, self.q, records, self._on_success)
             batch.full_by_bytes = full_by_bytes

@@ -35,29 +35,12 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
+from relay.loop.sleep import AdaptivePoll, SleepPlan, keep_sweeping
+from relay.pg.connection import DB_ERRORS
 from relay.pg.queries import Queries
-from relay.pg.sleep import (
-    BUSY_DRAIN_ROWS,
-    AdaptivePoll,
-    AlwaysNotified,
-    SleepPlan,
-    WakeupGate,
-    keep_sweeping,
-)
-from relay.pg.store import DB_ERRORS
 from relay.supervise import Backoff
 
 log = structlog.get_logger("relay.pg.wakeup")
-
-__all__ = [
-    "BUSY_DRAIN_ROWS",
-    "AdaptivePoll",
-    "AlwaysNotified",
-    "LockGate",
-    "SleepPlan",
-    "WakeupGate",
-    "keep_sweeping",
-]
 
 _ACQUIRE_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, asyncio.CancelledError)
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, *DB_ERRORS)

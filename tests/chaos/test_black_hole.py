@@ -6,7 +6,7 @@ idle-in-transaction bound, and once the link is back nothing is lost.
 The bounds come from the relay's own configuration: for RabbitMQ the heartbeat of the AMQP URL
 (aiormq gives up after (heartbeat + 1) x 3 s without a frame); for PostgreSQL the command
 timeout and idle-in-transaction timeout the relay sets on its sessions
-(relay.pg.store.connect_args).
+(relay.pg.connection.connect_args).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from relay.pg.store import connect_args
+from relay.pg.connection import connect_args
 from relay.settings import Settings
 from tests.chaos.harness import (
     Relays,

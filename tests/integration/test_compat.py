@@ -70,7 +70,8 @@ async def test_pg_socket__found_and_tuned_on_relay_sessions(env: Env) -> None:
 
     from relay.deadlines import Deadlines
     from relay.pg import compat as pg_compat
-    from relay.pg.store import Outbox, connect
+    from relay.pg.connection import connect
+    from relay.pg.store import Outbox
     from relay.settings import Settings
 
     settings = Settings(pg_dsn=env.pg_dsn.replace("localhost", "127.0.0.1"),

@@ -365,3 +365,30 @@ async def test_keyed_claim__a_due_key_is_claimed_at_once_behind_20000_waiting_ke
     finally:
         await conn.close()
         await consumer.stop()
+
+
+async def test_single_active__a_leader_whose_lock_session_ends__stops_and_exits_at_once(
+    env: Env, consumer: Any, start_relay: Callable[..., RelayProcess]
+) -> None:
+    """The lock's session ended under a living relay (an administrator, a failover): the lock
+    is gone with it, so the leader must stop publishing and exit for its supervisor to
+    restart it as a standby; noticed from the session's end, not only by the next ping."""
+    relay = start_relay(mode="single-active", leader_poll_interval_s=5)
+    await wait_until(lambda: "leader_elected" in relay.log_text(), what="the leader")
+    conn = await asyncpg.connect(env.pg_dsn)
+    try:
+        ended = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name LIKE 'outbox-relay leader %'")
+        assert ended == 1
+        ended_at = time.monotonic()
+        await wait_until(lambda: not relay.alive(), timeout_s=10,
+                         what="the leader's exit after its lock session ended")
+        exit_s = time.monotonic() - ended_at
+    finally:
+        await conn.close()
+    assert "leadership_lost" in relay.log_text()
+    assert relay.proc is not None
+    assert relay.proc.returncode != 0
+    # Well under the 5 s ping interval: the session's end itself was noticed.
+    assert exit_s < 4.0, exit_s

@@ -7,7 +7,8 @@ import asyncpg
 import pytest
 
 from relay.errors import DatabaseUnavailable
-from relay.pg.store import Outbox, connect
+from relay.pg.connection import connect
+from relay.pg.store import Outbox
 from relay.settings import Settings
 from tests.helpers import Consumer, Env, RelayProcess, insert_rows, wait_until
 

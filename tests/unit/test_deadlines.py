@@ -7,7 +7,7 @@ import pytest
 
 from relay.amqp.nodes import Nodes, redact_urls, split_urls
 from relay.deadlines import Deadlines
-from relay.pg.store import connect_args
+from relay.pg.connection import connect_args
 from relay.settings import Settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.pg.store import session_args
+from relay.pg.connection import session_args
 from relay.settings import Settings
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from relay.pg.wakeup import AdaptivePoll, AlwaysNotified
+from relay.loop.sleep import AdaptivePoll, AlwaysNotified
 from relay.settings import NotifyMode, Settings
 
 

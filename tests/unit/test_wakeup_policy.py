@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from relay.loop.sleep import BUSY_DRAIN_ROWS, SleepPlan, keep_sweeping
 from relay.loop.worker import Worker, WorkerConfig
-from relay.pg.wakeup import BUSY_DRAIN_ROWS, SleepPlan, keep_sweeping
 from tests.helpers import wait_until
 from tests.unit.test_worker_wakeup import FakePublisher, FakeStore, row
 

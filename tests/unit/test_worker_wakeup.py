@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from relay.interfaces import OutboxRow
+from relay.loop.sleep import SleepPlan, keep_sweeping
 from relay.loop.worker import Worker, WorkerConfig
-from relay.pg.wakeup import SleepPlan, keep_sweeping
 from tests.helpers import wait_until
 from tests.unit.kit import FakePublisher, FakeStore
 

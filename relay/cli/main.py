@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from relay.errors import RelayError
 from relay.ops import logs
-from relay.settings import Settings
+from relay.settings import SECRET_FIELDS, Settings
 from relay.supervise import GaveUp
 
 EXIT_OK = 0
@@ -42,8 +42,6 @@ def settings_help() -> str:
 
 
 DEFAULT_SECRETS_DIR = "/run/secrets"
-# Settings whose values may carry a password: an error message never repeats them.
-_SECRET_FIELDS = {"pg_dsn", "amqp_url"}
 
 
 def secrets_dir() -> str | None:
@@ -79,7 +77,7 @@ def load_settings() -> Settings:
                 problems.append(message)
                 continue
             field = str(err["loc"][0])
-            got = "" if field in _SECRET_FIELDS else f" (got {err.get('input')!r})"
+            got = "" if field in SECRET_FIELDS else f" (got {err.get('input')!r})"
             problems.append(f"RELAY_{field.upper()}: {message}{got}")
         raise ConfigError("invalid setting: " + "; ".join(problems)) from None
 
@@ -98,9 +96,8 @@ def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply the schema (or, with --check / --dry-run, only say what is pending)."""
-    from relay.app import connect_when_up
+    from relay.pg.connection import connect_when_up, table_names
     from relay.pg.migrate import migrate, plan
-    from relay.pg.store import table_names
 
     # RELAY_NOTIFY given (environment, .env or secret file): install it; else keep the
     # installed mode, so a routine migrate on every deploy never changes it.
@@ -186,9 +183,9 @@ def with_dead_letters(
     work: Callable[[Any], Coroutine[Any, Any, int]],
 ) -> int:
     """Run `work(DeadLetters)` over one connection (dead letters and retention commands)."""
+    from relay.pg.connection import connect, table_names
     from relay.pg.deadletters import DeadLetters
     from relay.pg.queries import Queries
-    from relay.pg.store import connect, table_names
 
     async def main() -> int:
         conn = await connect(settings, "cli")
@@ -268,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--ready", action="store_true", help="ask /readyz instead")
     health.add_argument("--timeout-s", type=float, default=3.0, help="seconds to wait")
     add("run", cmd_run, "run the relay until SIGTERM/SIGINT")
-    from relay.cli_status import add_status_command
+    from relay.cli.status import add_status_command
 
     add_status_command(add, _run_async)
     config = add("config", cmd_config,
@@ -278,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("exchange", help="exchange to bind to, e.g. amq.topic")
     tail.add_argument("binding_key", nargs="?", default="#", help="binding key (default #)")
     tail.add_argument("--count", type=int, default=None, help="exit after N messages")
-    from relay.cli_dead import add_failure_commands
+    from relay.cli.dead import add_failure_commands
 
     add_failure_commands(add, with_dead_letters)
     return parser

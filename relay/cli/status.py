@@ -85,9 +85,9 @@ def make_status_command(
     """The handler of `relay status`."""
 
     def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+        from relay.pg.connection import connect, table_names
         from relay.pg.queries import Queries
         from relay.pg.schema import require_current
-        from relay.pg.store import connect, table_names
 
         async def main() -> int:
             conn = await connect(settings, "status")

@@ -1,12 +1,26 @@
-"""What the worker and a wake-up gate agree on around a sleep (relay/pg/wakeup.py has the
-gate of a real relay): the plan a gate hands back, the protocol, the no-op gate, the adaptive
-poll of `off` mode, and the policy that decides whether to sleep at all."""
+"""What the worker and a wake-up gate agree on around a sleep: the plan a gate hands back, the
+protocol, the no-op gate, the adaptive poll of `off` mode, and the policy that decides whether
+to sleep at all. relay/pg/wakeup.py implements the gate of a real relay on its session."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
 from typing import Protocol
+
+
+class Doorbell:
+    """What wakes the worker: a NOTIFY (relay/pg/listener.py), a reconnect, the wake-up gate's
+    role change. Made before the worker and handed to it and to whatever rings it, so that no
+    part is wired into another after construction."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def ring(self) -> None:
+        """Ask the worker for a sweep now."""
+        self.event.set()
+
 
 # When a relay sleeps at all: at a trickle it sleeps holding the wake-up lock and producers
 # notify (a NOTIFY costs them nothing while few commit at once, and the relay wakes the instant

@@ -1,0 +1,215 @@
+"""The database seam: every connection of the relay opens here, with its session settings, its
+read-write check and its socket tuning, and every driver error is recognised here. asyncpg is
+imported only inside relay/pg/ (tests/unit/test_layering.py); modules elsewhere see
+DatabaseError and DatabaseUnavailable (relay/errors.py) and connections as opaque objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Any
+
+import asyncpg
+
+from relay import dsn
+from relay.deadlines import Deadlines
+from relay.errors import DatabaseError, DatabaseUnavailable
+from relay.pg import compat as pg_compat
+from relay.pg.queries import TableNames, raw_queries
+from relay.settings import Settings, redact_url
+from relay.supervise import Backoff, Supervisor
+
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    # A connection whose server vanished mid-statement (kill -9, failover) can surface as
+    # "cannot switch to state ...; another operation is in progress".
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+# "No usable server now" (down, starting or shutting down, out of connection slots, or no host of
+# a multi-host DSN is writable): retried by the supervisors, never a configuration error.
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.TargetServerAttributeNotMatched,
+)
+
+# The pool logs a traceback per failed reconnect of its idle floor; the worker logs each
+# outage once itself (its Supervisor: connection_lost ... connection_restored).
+logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
+
+# A pooled connection proxy or a plain connection: both run queries the same way.
+Conn = Any
+
+
+
+def table_names(settings: Settings) -> TableNames:
+    """The quoted names of the configured outbox table and its companions."""
+    return TableNames(settings.table_schema, settings.table_name, settings.notify_channel)
+
+
+def connect_args(settings: Settings, role: str) -> dict[str, Any]:
+    """asyncpg.connect() arguments: DSN, application_name, keepalives, transaction bounds."""
+    # One libpq parser (relay/dsn.py) for both DSN forms; PG* variables fill what is absent.
+    args: dict[str, Any] = dsn.parse(settings.pg_dsn).asyncpg_args() if settings.pg_dsn else {}
+    from_dsn = args.pop("server_settings", {})
+    app_name = f"outbox-relay {role} {socket.gethostname()} {os.getpid()}"[:63]
+    # A relay cut off mid-batch must not hold its rows locked much longer than a batch may take;
+    # a batch's publish always ends before this (relay/deadlines.py).
+    deadlines = Deadlines.from_settings(settings)
+    args["server_settings"] = {
+        **from_dsn,  # options=-c ... from the DSN; the relay names its sessions itself
+        "application_name": app_name,
+        "idle_in_transaction_session_timeout": str(deadlines.idle_in_transaction_ms),
+        "tcp_keepalives_idle": "10",
+        "tcp_keepalives_interval": "5",
+        "tcp_keepalives_count": "3",
+        # Data the server sent that the relay's host never acknowledges (a cut link) ends
+        # the session after this, so a backend blocked in send cannot hold rows locked
+        # past the idle-in-transaction bound.
+        "tcp_user_timeout": str(deadlines.idle_in_transaction_ms),
+    }
+    args.setdefault("timeout", 10)
+    if role == "worker":
+        # Claims and settles only: other sessions wait on locks (wake-up, leader) or migrate.
+        args["server_settings"]["statement_timeout"] = str(deadlines.statement_timeout_ms)
+        # The client gives up a little after the server would have cancelled the statement.
+        args["command_timeout"] = deadlines.statement_timeout_s + 5
+    else:
+        args["command_timeout"] = max(30.0, settings.publish_timeout_s * 2)
+    return args
+
+
+def session_args(settings: Settings, role: str) -> dict[str, Any]:
+    """connect_args() for a session the relay keeps: every host of a multi-host DSN is tried,
+    and unless the DSN says otherwise only a writable server (the primary) is accepted."""
+    args = connect_args(settings, role)
+    for key, convert in (("host", str), ("port", int)):
+        value = args.get(key)
+        if isinstance(value, str) and "," in value:  # libpq keyword form: host=h1,h2
+            args[key] = [convert(v) for v in value.split(",")]
+    if ("target_session_attrs" not in args and "target_session_attrs" not in (settings.pg_dsn or "")
+            and not os.environ.get("PGTARGETSESSIONATTRS")):
+        args["target_session_attrs"] = "read-write"
+    return args
+
+
+def tune_socket(conn: Conn, user_timeout_ms: int) -> None:
+    """Client-side TCP keepalives and TCP_USER_TIMEOUT on the session's socket: a cut link is
+    noticed by the kernel (unanswered keepalives on an idle session, unacknowledged data on a
+    busy one) instead of a statement waiting out its timeout. The tcp_keepalives_* server
+    settings only cover the server's side. asyncpg has no option for this: its transport's
+    socket is reached through relay/pg/compat.py (tests/integration/test_compat.py)."""
+    sock = pg_compat.socket_of(conn)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return  # a unix socket has no network to lose
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
+                            ("TCP_USER_TIMEOUT", user_timeout_ms)):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+async def require_read_write(conn: Conn) -> None:
+    """Refuse a session on a read-only server (a standby): it could neither claim nor lock."""
+    try:
+        read_only = await conn.fetchval(raw_queries()["session_read_only"])
+    except DB_ERRORS as exc:
+        raise DatabaseUnavailable(f"checking the server's role failed: {exc}") from exc
+    if read_only:
+        raise DatabaseUnavailable("the server is read-only (a standby?): trying again")
+
+
+def connect_failed(settings: Settings, exc: BaseException) -> DatabaseError:
+    where = redact_url(settings.pg_dsn)
+    kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
+    return kind(f"cannot connect to PostgreSQL at {where}: {exc}")
+
+
+async def connect(settings: Settings, role: str) -> asyncpg.Connection:
+    """One connection to a writable server, errors translated (DatabaseUnavailable: retry)."""
+    try:
+        conn: asyncpg.Connection = await asyncpg.connect(**session_args(settings, role))
+    except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
+        raise connect_failed(settings, exc) from exc
+    tune_socket(conn, Deadlines.from_settings(settings).idle_in_transaction_ms)
+    try:
+        await require_read_write(conn)
+    except DatabaseError:
+        conn.terminate()
+        raise
+    return conn
+
+
+def drop_if_stuck(conn: Conn, exc: BaseException) -> None:
+    """Terminate the connection at once unless the server itself reported the error (then the
+    session is sound and a rollback works). A statement that timed out on the client means a
+    server that does not answer, usually a silent network cut: a rollback, a commit or the
+    pool's reset on it would each wait another command timeout. A client-side state error
+    (asyncpg's "cannot switch to state ...; another operation is in progress", after its
+    server session was ended under a statement) leaves a connection whose next statement can
+    hang: back in the pool, it stalled a batch's settle and the relay's stop."""
+    if not isinstance(exc, asyncpg.PostgresError) or isinstance(
+            exc, asyncpg.PostgresConnectionError | asyncpg.exceptions.OperatorInterventionError):
+        with contextlib.suppress(Exception):
+            conn.terminate()
+
+
+def database_error(exc: BaseException, doing: str) -> DatabaseError:
+    """A driver error as the relay's own: DatabaseUnavailable when no usable server answers
+    (retried by the supervisors), DatabaseError otherwise."""
+    kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
+    return kind(f"{doing} failed: {exc}")
+
+
+async def connect_when_up(settings: Settings, role: str) -> asyncpg.Connection:
+    """One session, waiting (bounded by RELAY_STARTUP_TIMEOUT_S) for a writable server.
+
+    For one-shot commands such as `relay migrate`; raises `GaveUp` past the bound.
+    """
+    sup = Supervisor(role, backoff=Backoff(base_s=0.2, max_s=settings.reconnect_max_s),
+                     give_up_after_s=settings.startup_timeout_s,
+                     describe=redact_url(settings.pg_dsn))
+    return await sup.establish(lambda: connect(settings, role), retry_on=(DatabaseUnavailable,))
+
+
+async def close_quietly(conn: Any, timeout_s: float = 5.0) -> None:
+    """Close a session, bounded; a server that does not answer gets the socket closed."""
+    if conn is None:
+        return
+    try:
+        await asyncio.wait_for(conn.close(), timeout=timeout_s)
+    except Exception:
+        with contextlib.suppress(Exception):
+            conn.terminate()
+
+
+async def watch_session(conn: Any, ping_sql: str, *, interval_s: float,
+                        timeout_s: float) -> str:
+    """Wait until a kept session is gone; return why: closed (by the server, a failover, a
+    cut noticed by the socket), or a ping every `interval_s` that failed or took longer than
+    `timeout_s` (a server that went silent)."""
+    lost = asyncio.Event()
+    conn.add_termination_listener(lambda _c: lost.set())
+    while not lost.is_set() and not conn.is_closed():
+        try:
+            await asyncio.wait_for(lost.wait(), timeout=interval_s)
+        except TimeoutError:
+            try:
+                await conn.fetchval(ping_sql, timeout=timeout_s)
+            except DB_ERRORS as exc:
+                return f"ping failed: {type(exc).__name__}: {exc}"
+    return "connection closed"

@@ -1,0 +1,46 @@
+"""The single-active leader's session: while it lives and holds the table's leader lock, its
+relay leads (relay/loop/leader.py decides what to do with that)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relay.pg.connection import (
+    DB_ERRORS,
+    close_quietly,
+    connect,
+    database_error,
+    watch_session,
+)
+from relay.pg.queries import Queries
+from relay.settings import Settings
+
+
+class LeaderLock:
+    """A session-level advisory lock on a dedicated connection, keyed on the table's oid."""
+
+    def __init__(self, settings: Settings, queries: Queries) -> None:
+        self._settings = settings
+        self._q = queries
+        self._conn: Any = None
+
+    async def try_acquire(self) -> bool:
+        """Take the lock if free (opening the session first if needed); whether this session
+        holds it. DatabaseError (DatabaseUnavailable: retry) when the server does not answer."""
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await connect(self._settings, "leader")
+        try:
+            return bool(await self._conn.fetchval(self._q["leader_try_lock"]))
+        except DB_ERRORS as exc:
+            await self.close()
+            raise database_error(exc, "taking the leader lock") from exc
+
+    async def wait_lost(self, interval_s: float) -> str:
+        """Return once the lock's session is gone (and with it the lock): why."""
+        return await watch_session(self._conn, self._q["ping"], interval_s=interval_s,
+                                   timeout_s=max(interval_s, 2.0))
+
+    async def close(self) -> None:
+        """End the session, which releases the lock."""
+        conn, self._conn = self._conn, None
+        await close_quietly(conn)

@@ -1,0 +1,98 @@
+"""The layering contract of relay/ (docs/architecture.md): each driver behind its seam, and
+each folder importing only what it may. Reads every import statement, top level or not."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+RELAY = Path(__file__).resolve().parents[2] / "relay"
+
+# A driver's modules may be imported only inside its folder.
+DRIVERS = {
+    "asyncpg": "pg",
+    "aio_pika": "amqp",
+    "aiormq": "amqp",
+    "pamqp": "amqp",
+    "pyspark": "spark",
+}
+
+# What a folder of relay/ must not import (modules of relay/ by dotted prefix), and the one
+# module of a forbidden folder it may still use (a protocol it implements).
+FORBIDDEN = {
+    "loop": ("relay.pg", "relay.amqp", "relay.ops", "relay.spark", "relay.app", "relay.cli"),
+    "pg": ("relay.amqp", "relay.ops", "relay.spark", "relay.app", "relay.cli", "relay.loop"),
+    "amqp": ("relay.pg", "relay.loop", "relay.ops", "relay.spark", "relay.app", "relay.cli"),
+    "ops": ("relay.pg", "relay.amqp", "relay.loop", "relay.spark", "relay.app", "relay.cli"),
+    "spark": ("relay.amqp", "relay.loop", "relay.ops", "relay.app", "relay.cli"),
+}
+PROTOCOLS = {"pg": ("relay.loop.sleep",)}
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module `path` imports (absolute names; relative imports resolved)."""
+    package = ".".join(path.relative_to(RELAY.parent).with_suffix("").parts[:-1])
+    return _read_imports(path.read_text(), package)
+
+
+def _read_imports(source: str, package: str) -> list[str]:
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.append(module)
+            # `from relay.pg import store` imports relay.pg.store
+            found += [f"{module}.{alias.name}" for alias in node.names
+                      if module.startswith("relay")]
+    return found
+
+
+def _modules() -> list[tuple[str, Path]]:
+    """(folder under relay/, or "" at its top) and path of every module of relay/."""
+    out = []
+    for path in sorted(RELAY.rglob("*.py")):
+        parts = path.relative_to(RELAY).parts
+        out.append((parts[0] if len(parts) > 1 else "", path))
+    return out
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_every_driver_is_imported_only_behind_its_seam() -> None:
+    crossings = []
+    for folder, path in _modules():
+        for module in _imports(path):
+            top = module.split(".")[0]
+            if top in DRIVERS and folder != DRIVERS[top]:
+                crossings.append(f"{path.relative_to(RELAY.parent)} imports {module}")
+    assert crossings == []
+
+
+def test_every_folder_imports_only_what_it_may() -> None:
+    crossings = []
+    for folder, path in _modules():
+        allowed = PROTOCOLS.get(folder, ())
+        for module in _imports(path):
+            if any(_within(module, p) for p in allowed):
+                continue
+            if any(_within(module, f) for f in FORBIDDEN.get(folder, ())):
+                crossings.append(f"{path.relative_to(RELAY.parent)} imports {module}")
+    assert crossings == []
+
+
+def test_the_contract_reads_imports_inside_functions_too() -> None:
+    """The reader itself: a late import counts like any other."""
+    code = "def f():\n    import asyncpg\n    from relay.pg import store\n    from ..pg import x\n"
+    found = _read_imports(code, "relay.loop")
+    assert "asyncpg" in found
+    assert "relay.pg.store" in found
+    assert "relay.pg.x" in found
