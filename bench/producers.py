@@ -11,6 +11,12 @@ Rounds alternate the modes (the trigger switched on the live table by `migrate`;
 it), so machine noise hits every mode alike; each round gives the ratio of a mode's commit rate
 to no trigger (`off`) in that round. The median and spread of those ratios are the figure.
 NOTIFYs are counted on a separate LISTEN connection.
+
+The relays poll every 0.5 s (RELAY_POLL_INTERVAL_S), and a backlog round starts only once the
+relay drains: with no trigger nothing wakes a relay but its poll, and a relay that slept
+through an `off` round left the producers the whole machine, so the ratio measured the
+relay's drain competing for 2 cores, not what the trigger costs (backlog `conditional` 0.50
+with the relay asleep in most `off` rounds, rows left 58,000-116,000 of an 80,000-row backlog).
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ async def producer_rounds(
     log_dir = Path(tempfile.mkdtemp(prefix="bench-producers-"))
     script = log_dir / "insert.sql"
     script.write_text(INSERT.format(x=env.exchange))
-    relays = [Relay(env.relay_env(), log_dir / f"relay-{i}.log")
+    relays = [Relay(env.relay_env(poll_interval_s=0.5), log_dir / f"relay-{i}.log")
               for i in range(1 if situation == "backlog" else 2)]
     listen = await asyncpg.connect(env.dsn)
     counter = _Counter()
@@ -90,7 +96,7 @@ async def producer_rounds(
                 await set_mode(env, mode)
                 if situation == "backlog":
                     await insert_backlog(listen, env, backlog_rows)
-                    await asyncio.sleep(0.5)  # the relay is woken and drains
+                    await _wait_draining(listen, backlog_rows)
                 else:
                     await wait_empty(listen, 120)
                     await asyncio.sleep(0.5)  # the relays go to sleep
@@ -110,6 +116,16 @@ async def producer_rounds(
         for relay in relays:
             relay.stop()
     return out
+
+
+async def _wait_draining(conn: asyncpg.Connection, backlog_rows: int,
+                         timeout_s: float = 30.0) -> None:
+    """Until the relay has deleted rows of the backlog (woken by the NOTIFY or its poll)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await conn.fetchval("SELECT count(*) FROM queue_message") >= backlog_rows:
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"the relay did not start draining within {timeout_s} s")
+        await asyncio.sleep(0.1)
 
 
 def ratios(runs: list[dict[str, Any]], mode: str) -> list[float]:
