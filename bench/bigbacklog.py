@@ -20,14 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import uvloop
-
-from bench import common
-from bench.common import create_env, drop_env, load_before, machine, wait_quiet
+from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.limits import bulk_frame_limit
-from bench.server import private_server
+from bench.server import run_on_private_server
 
 
 async def measure(sizes: list[int], quiet_below: float) -> list[dict[str, Any]]:
@@ -58,19 +55,12 @@ def report(records: list[dict[str, Any]], command: str, started: str,
            load: list[float]) -> str:
     """The Markdown results file."""
     lines = [
-        "# A big backlog: the relay's drain beside the broker's own publish limit",
-        "",
-        "Written by `bench/bigbacklog.py` (do not edit by hand).",
-        "",
-        f"- date: {started}",
-        f"- command: `{command}`",
-        f"- build: {_revision()}",
-        f"- machine: {machine()}",
-        f"- load average before the run: {load}",
-        "- PostgreSQL: a private initdb cluster with the server's defaults; RabbitMQ 3.10 on "
-        "loopback, one durable classic queue nobody consumes during the run, persistent "
-        "~200-byte messages",
-        "",
+        *report_header(
+            "A big backlog: the relay's drain beside the broker's own publish limit",
+            "bench/bigbacklog.py", command, started, load, f"build: {_revision()}",
+            "PostgreSQL: a private initdb cluster with the server's defaults; RabbitMQ 3.10 on "
+            "loopback, one durable classic queue nobody consumes during the run, persistent "
+            "~200-byte messages"),
         "| what | messages | msg/s | seconds | RabbitMQ cores (drain) | load before |",
         "|---|---|---|---|---|---|",
     ]
@@ -101,9 +91,7 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     started = datetime.now(UTC).isoformat(timespec="seconds")
     load = load_before()
-    with private_server() as dsn:
-        common.use_server(dsn)
-        records = uvloop.run(measure(sizes, args.quiet_below))
+    records = run_on_private_server(lambda: measure(sizes, args.quiet_below))
     command = "python -m bench.bigbacklog " + shlex.join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report(records, command, started, load))

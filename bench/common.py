@@ -336,6 +336,14 @@ async def wait_quiet(below: float, most_s: float = 120.0) -> None:
         await asyncio.sleep(2)
 
 
+def report_header(title: str, script: str, command: str, started: str, load: list[float],
+                  *details: str) -> list[str]:
+    """The first lines of a one-off results file: what wrote it, when, where, on what load."""
+    return [f"# {title}", "", f"Written by `{script}` (do not edit by hand).", "",
+            f"- date: {started}", f"- command: `{command}`", f"- machine: {machine()}",
+            f"- load average before the run: {load}", *(f"- {d}" for d in details), ""]
+
+
 def machine() -> dict[str, Any]:
     """CPU model, cores (nproc), memory, kernel."""
     model = "?"

@@ -22,13 +22,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import uvloop
-
 from bench import common
-from bench.common import create_env, drop_env, load_before, machine, wait_quiet
+from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
-from bench.server import private_server
+from bench.server import run_on_private_server
 
 
 async def horizon(before_src: str, rows: int, runs: int, quiet_below: float,
@@ -59,19 +57,13 @@ def report(records: list[dict[str, Any]], command: str, started: str, load: list
            before_src: str) -> str:
     """The Markdown results file."""
     lines = [
-        "# Drain with the xmin horizon pinned, before and after",
-        "",
-        "Written by `bench/horizon.py` (do not edit by hand).",
-        "",
-        f"- date: {started}",
-        f"- command: `{command}`",
-        f"- builds: before = {_revision(before_src)}, after = {_revision()}",
-        f"- machine: {machine()}",
-        f"- load average before the run: {load}",
-        "- PostgreSQL: a private initdb cluster with the server's defaults (autovacuum on); "
-        "one `relay run` with default settings; pinned = another session holds a "
-        "REPEATABLE READ snapshot from before the insert until the drain ends",
-        "",
+        *report_header(
+            "Drain with the xmin horizon pinned, before and after", "bench/horizon.py",
+            command, started, load,
+            f"builds: before = {_revision(before_src)}, after = {_revision()}",
+            "PostgreSQL: a private initdb cluster with the server's defaults (autovacuum on); "
+            "one `relay run` with default settings; pinned = another session holds a "
+            "REPEATABLE READ snapshot from before the insert until the drain ends"),
         "| build | run | xmin horizon | rows | msg/s | seconds | load before |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -103,9 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     started = datetime.now(UTC).isoformat(timespec="seconds")
     load = load_before()
-    with private_server() as dsn:
-        common.use_server(dsn)
-        records = uvloop.run(horizon(args.before_src, args.rows, args.runs, args.quiet_below))
+    records = run_on_private_server(
+        lambda: horizon(args.before_src, args.rows, args.runs, args.quiet_below))
     command = "python -m bench.horizon " + shlex.join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report(records, command, started, load, args.before_src))

@@ -9,10 +9,16 @@ remove it afterwards; a cluster an earlier, killed run left behind is removed at
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
+import uvloop
+
+from bench import common
 from tests.chaos.pgcluster import PrivateCluster, remove_stale
+
+T = TypeVar("T")
 
 PREFIX = "relay-bench-pg-"
 
@@ -28,3 +34,10 @@ def private_server() -> Iterator[str]:
         yield cluster.dsn
     finally:
         cluster.destroy()
+
+
+def run_on_private_server(scenario: Callable[[], Awaitable[T]]) -> T:
+    """Run `scenario()` with every benchmark database on a private cluster of its own."""
+    with private_server() as dsn:
+        common.use_server(dsn)
+        return uvloop.run(scenario())  # type: ignore[arg-type]

@@ -1,0 +1,107 @@
+"""Drain rate by batch shape: `RELAY_BATCH_SIZE` x `RELAY_CONCURRENCY`, beside the broker's
+own publish limit, in one run on a private cluster.
+
+    python -m bench.drainshape --shapes 500x3,500x6,1000x3 --rows 100000 --runs 2 \
+        --out bench/compare/drain-shape.md
+
+Each drain: one `relay run` (bench/drain.py), backlog committed at once; the limit: the relay's
+BulkPublisher alone with 3 x 500 in flight, no database (bench/limits.py). Shapes alternate
+run by run. Writes a Markdown report with the machine, the command, the date and the load
+average before every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
+from bench.compare import _revision
+from bench.drain import drain_once
+from bench.limits import bulk_frame_limit
+from bench.server import run_on_private_server
+
+
+async def measure(shapes: list[tuple[int, int]], rows: int, runs: int,
+                  quiet_below: float) -> list[dict[str, Any]]:
+    """Per run: the publish limit, then each shape's drain."""
+    env = await create_env("drainshape")
+    records = []
+    try:
+        for i in range(runs):
+            await wait_quiet(quiet_below)
+            load = load_before()
+            limit = await bulk_frame_limit(env, rows)
+            records.append({"run": i + 1, "shape": "publish limit (no database)",
+                            "msg_per_s": round(limit["msg_per_s"], 1), "load_before": load,
+                            "cpu_cores": None})
+            print(json.dumps(records[-1]), flush=True)
+            for batch, lanes in shapes:
+                await wait_quiet(quiet_below)
+                load = load_before()
+                result = await drain_once(env, rows, batch_size=batch, concurrency=lanes)
+                records.append({"run": i + 1, "shape": f"{batch} x {lanes}",
+                                "msg_per_s": result["msg_per_s"], "load_before": load,
+                                "cpu_cores": result["cpu_cores"]})
+                print(json.dumps(records[-1]), flush=True)
+    finally:
+        await drop_env(env)
+    return records
+
+
+def report(records: list[dict[str, Any]], command: str, started: str, load: list[float],
+           rows: int) -> str:
+    """The Markdown results file."""
+    lines = [
+        *report_header(
+            "Drain rate by batch shape, beside the broker's publish limit",
+            "bench/drainshape.py", command, started, load, f"build: {_revision()}",
+            f"{rows:,} rows per drain; PostgreSQL: a private initdb cluster with the server's "
+            "defaults; shape = RELAY_BATCH_SIZE x RELAY_CONCURRENCY (500 x 3 is the default)"),
+        "| run | shape | msg/s | CPU cores: relay / postgres / rabbitmq / machine | "
+        "load before |",
+        "|---|---|---|---|---|",
+    ]
+    for r in records:
+        c = r["cpu_cores"]
+        cores = (f"{c['relay']} / {c['postgres']} / {c['rabbitmq']} / {c['machine_busy']}"
+                 if c else "-")
+        lines.append(f"| {r['run']} | {r['shape']} | {r['msg_per_s']:,.0f} | {cores} | "
+                     f"{r['load_before']} |")
+    shapes = list(dict.fromkeys(r["shape"] for r in records))
+    medians = {s: statistics.median(r["msg_per_s"] for r in records if r["shape"] == s)
+               for s in shapes}
+    limit = medians[shapes[0]]
+    lines += ["", "## Medians", "", "| shape | msg/s | vs the publish limit |", "|---|---|---|"]
+    lines += [f"| {s} | {m:,.0f} | {m / limit:.2f} |" for s, m in medians.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Parse arguments, run on a private cluster, write the report."""
+    parser = argparse.ArgumentParser(prog="python -m bench.drainshape")
+    parser.add_argument("--shapes", default="500x3,500x6,1000x3")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quiet-below", type=float, default=1.0)
+    args = parser.parse_args()
+    shapes = [(int(b), int(c)) for b, c in (s.split("x") for s in args.shapes.split(","))]
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    load = load_before()
+    records = run_on_private_server(
+        lambda: measure(shapes, args.rows, args.runs, args.quiet_below))
+    command = "python -m bench.drainshape " + shlex.join(sys.argv[1:])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report(records, command, started, load, args.rows))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
