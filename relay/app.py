@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from typing import Any
 
 import structlog
 
@@ -19,6 +20,7 @@ from relay.amqp.nodes import redact_urls
 from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.deadlines import Deadlines
 from relay.errors import BrokerRefusedAtStart, ConfigError, DatabaseUnavailable
+from relay.lifecycle import Services
 from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
 from relay.loop.sleep import AdaptivePoll, Doorbell
@@ -140,25 +142,29 @@ async def run(settings: Settings) -> None:
 
 async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
                  publisher: Pipeline, stop_requested: asyncio.Event) -> None:
-    """Run listener and worker over open servers until a stop is requested."""
+    """Run the worker and the services around it over open servers until a stop is
+    requested; then stop the worker gracefully and every service (relay/lifecycle.py)."""
+    services = Services()
+    services.hold(outbox)
+    services.hold(publisher)
     metrics = RelayMetrics() if settings.http_port else None
     doorbell = Doorbell()
-    gate = LockGate(
+    gate = services.hold(LockGate(
         lambda: connect(settings, "wakeup"),
         Queries(table_names(settings)),
         doorbell.ring,
         poll=AdaptivePoll(settings.poll_min_interval_s, settings.poll_interval_s),
         fallback_poll_s=min(1.0, settings.poll_interval_s),
-    )
+    ))
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, gate=gate,
                     doorbell=doorbell, db_supervisor=supervisors.get("database"))
-    listener = Listener(
+    listener = services.start(Listener(
         lambda: connect(settings, "listener"),
         settings.notify_channel,
         doorbell.ring,
         supervisor=supervisors.add("listener"),
         ping_sql=Queries(table_names(settings))["ping"],
-    )
+    ))
     log.info(
         "relay_started",
         table=settings.table,
@@ -170,42 +176,47 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
         mode=settings.mode.value,
     )
     worker_task = asyncio.ensure_future(_worker_main(settings, worker, outbox, supervisors))
-    listener_task = asyncio.ensure_future(listener.run())
-    stop_task = asyncio.ensure_future(stop_requested.wait())
-    http: HttpServer | None = None
-    poller_task: asyncio.Future[None] | None = None
     try:
         if metrics is not None:
-            poller = BacklogPoller(outbox.backlog, metrics, settings.backlog_poll_interval_s)
-            poller_task = asyncio.ensure_future(poller.run())
-            http = await start_http(
+            poller = services.start(
+                BacklogPoller(outbox.backlog, metrics, settings.backlog_poll_interval_s))
+            services.hold(await start_http(
                 settings, metrics=metrics, poller=poller, worker=worker,
                 worker_task=worker_task, publisher=publisher, listener=listener,
                 supervisors=supervisors,
-            )
-        await asyncio.wait({worker_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-        log.info("relay_stopping", timeout_s=settings.shutdown_timeout_s)
-        worker.stop()
-        supervisors.stop()
-        done, _ = await asyncio.wait({worker_task}, timeout=settings.shutdown_timeout_s)
-        if not done:
-            log.warning("relay_stop_timeout", detail="rolling back in-flight batches")
-            worker_task.cancel()
-            with contextlib.suppress(BaseException):
-                await worker_task
-        elif worker_task.exception() is not None:
-            raise worker_task.exception()  # type: ignore[misc]
+            ))
+        await _stop_worker_when_asked(settings, worker, worker_task, stop_requested,
+                                      supervisors)
     finally:
-        if http is not None:
-            await http.close()
-        tasks = [t for t in (listener_task, stop_task, worker_task, poller_task) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(listener.close(), gate.close())
-        await publisher.close()
-        await outbox.close()
+        worker_task.cancel()
+        await asyncio.gather(worker_task, return_exceptions=True)
+        await services.stop()
         log.info("relay_stopped", published=worker.published_total)
+
+
+async def _stop_worker_when_asked(settings: Settings, worker: Worker,
+                                  worker_task: asyncio.Future[None],
+                                  stop_requested: asyncio.Event,
+                                  supervisors: Supervisors) -> None:
+    """Wait for a stop request (or the worker's end), then let the worker finish its batches
+    for up to RELAY_SHUTDOWN_TIMEOUT_S; past that, its open batches roll back."""
+    stop_task: asyncio.Future[Any] = asyncio.ensure_future(stop_requested.wait())
+    try:
+        await asyncio.wait({worker_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop_task.cancel()
+        await asyncio.gather(stop_task, return_exceptions=True)
+    log.info("relay_stopping", timeout_s=settings.shutdown_timeout_s)
+    worker.stop()
+    supervisors.stop()
+    done, _ = await asyncio.wait({worker_task}, timeout=settings.shutdown_timeout_s)
+    if not done:
+        log.warning("relay_stop_timeout", detail="rolling back in-flight batches")
+        worker_task.cancel()
+        with contextlib.suppress(BaseException):
+            await worker_task
+    elif worker_task.exception() is not None:
+        raise worker_task.exception()  # type: ignore[misc]
 
 
 def stall_after_s(settings: Settings) -> float:

@@ -280,6 +280,9 @@ class BacklogPoller:
             m.backlog_polled.set(time.time())
         self.polled.set()
 
+    async def close(self) -> None:
+        """Nothing to release: the queries run on the relay's pool."""
+
     async def run(self) -> None:
         """Poll until cancelled."""
         while True:

@@ -1,0 +1,75 @@
+"""One lifecycle for the long-running parts of a relay process.
+
+A *service* works in `run()` until it is cancelled and releases what it holds in `close()`
+(the LISTEN session, the backlog poller); a *resource* only has `close()` (the pool, the
+broker connection, the wake-up gate's session, the HTTP endpoint). relay/app.py registers each
+as it creates it; `stop()` cancels every running service, newest first, waits for them, then
+closes everything, newest first, so nothing is closed under a part that still uses it. The
+worker is the one part outside the group: it stops gracefully, finishing its batches within
+RELAY_SHUTDOWN_TIMEOUT_S, before the group stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol, TypeVar
+
+import structlog
+
+log = structlog.get_logger("relay.lifecycle")
+
+
+class Resource(Protocol):
+    """Something held open while the process runs."""
+
+    async def close(self) -> None:
+        """Release it (called once, at stop)."""
+
+
+class Service(Resource, Protocol):
+    """A part that works in the background while the process runs."""
+
+    async def run(self) -> None:
+        """Work until cancelled."""
+
+
+R = TypeVar("R", bound=Resource)
+S = TypeVar("S", bound=Service)
+
+
+class Services:
+    """The process's services and resources, started in order, stopped in reverse."""
+
+    def __init__(self) -> None:
+        self._held: list[Resource] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def hold(self, resource: R) -> R:
+        """Close `resource` at stop (after everything registered later)."""
+        self._held.append(resource)
+        return resource
+
+    def start(self, service: S) -> S:
+        """Run `service` in the background from now on; cancel and close it at stop."""
+        self.hold(service)
+        self._tasks.append(asyncio.ensure_future(service.run()))
+        return service
+
+    async def stop(self) -> None:
+        """Cancel every running service and wait for it, then close everything; newest first.
+        A failing close is logged and the others still close."""
+        tasks, self._tasks = self._tasks[::-1], []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        held, self._held = self._held[::-1], []
+        for resource in held:
+            started = time.monotonic()
+            try:
+                await resource.close()
+            except Exception as exc:
+                log.warning("close_failed", part=type(resource).__name__, error=str(exc))
+            took = time.monotonic() - started
+            if took > 1.0:  # a stop must fit the orchestrator's grace period: say what is slow
+                log.warning("close_slow", part=type(resource).__name__, seconds=round(took, 1))
