@@ -16,9 +16,9 @@ from typing import Any
 import structlog
 
 from relay.amqp.encoder import Encoder
-from relay.amqp.nodes import redact_urls
 from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.deadlines import Deadlines
+from relay.dsn import redact
 from relay.errors import BrokerRefusedAtStart, ConfigError, DatabaseUnavailable
 from relay.lifecycle import Services
 from relay.loop.leader import Leadership, run_when_leader
@@ -35,7 +35,7 @@ from relay.pg.queries import Queries
 from relay.pg.status import StatusSource
 from relay.pg.store import Outbox
 from relay.pg.wakeup import LockGate
-from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings, redact_url
+from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings
 from relay.supervise import Backoff, Stopping, Supervisor, Supervisors
 
 log = structlog.get_logger("relay.app")
@@ -95,10 +95,10 @@ async def _open_servers(
     settings: Settings, supervisors: Supervisors
 ) -> tuple[Outbox, Pipeline]:
     """The pool and the broker connection, each waited for up to the start-up bound."""
-    database = supervisors.add("database", describe=redact_url(settings.pg_dsn), bounded=True)
+    database = supervisors.add("database", describe=redact(settings.pg_dsn), bounded=True)
     outbox = await database.establish(lambda: Outbox.open(settings),
                                       retry_on=(DatabaseUnavailable,))
-    broker = supervisors.add("broker", describe=redact_urls(settings.amqp_url), bounded=True)
+    broker = supervisors.add("broker", describe=redact(settings.amqp_url), bounded=True)
     publisher = make_publisher(settings, broker)
     try:
         # Supervised by `broker` (the start-up wait here, every later reconnect too). A
@@ -168,8 +168,8 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
     log.info(
         "relay_started",
         table=settings.table,
-        pg=redact_url(settings.pg_dsn),
-        amqp=redact_urls(settings.amqp_url),
+        pg=redact(settings.pg_dsn),
+        amqp=redact(settings.amqp_url),
         batch_size=settings.batch_size,
         concurrency=settings.concurrency,
         publisher=settings.publisher.value,

@@ -16,8 +16,9 @@ from typing import Any
 
 from dotenv import dotenv_values
 
+from relay.dsn import redact
 from relay.errors import ConfigError
-from relay.settings import SECRET_FIELDS, Settings, redact_url
+from relay.settings import SECRET_FIELDS, Settings
 
 PREFIX = "RELAY_"
 # Read outside Settings: the folder of secret files (relay/cli/main.py).
@@ -93,7 +94,7 @@ def _shown(field_name: str, value: Any) -> str:
     if value is None:
         return "" if field_name != "pg_dsn" else "<libpq defaults>"
     if field_name in SECRET_FIELDS:
-        return redact_url(str(value))
+        return redact(str(value))
     return str(getattr(value, "value", value))
 
 

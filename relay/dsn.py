@@ -394,15 +394,17 @@ def parse(text: str, setting: str = "RELAY_PG_DSN") -> ConnInfo:
 
 
 def redact(text: str | None, setting: str = "RELAY_PG_DSN") -> str:
-    """A connection string safe to print: secrets as ***; unparsable text is not shown at all.
+    """Any connection string safe to print, secrets as ***: a libpq DSN (keyword or URL form),
+    an AMQP URL, or a comma-separated list of URLs (RELAY_AMQP_URL's nodes). The one place the
+    relay hides passwords; unparsable keyword text is not shown at all.
 
-    URLs are scrubbed without parsing (redact_any): a raw '/' in a URL's password makes libpq
+    URLs are scrubbed without parsing (_redact_url): a raw '/' in a URL's password makes libpq
     read it as a host and port, but it is still the user's password.
     """
     if not text:
         return "<libpq defaults>"
     if _URL_START.match(text):
-        return redact_any(text)
+        return ",".join(_redact_url(url) for url in _URLS.split(text))
     try:
         info = parse(text, setting)
     except DsnError:
@@ -416,10 +418,13 @@ _QUERY_SECRET = re.compile(r"(?i)((?:^|[?&;])(?:ssl)?password=)[^&;#]*")
 
 
 _URL_START = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.\-]*://")
+# A list of node URLs: a comma followed by the next URL's scheme (a multi-host PostgreSQL URL
+# keeps its commas: its hosts have no scheme).
+_URLS = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 
 
-def redact_any(text: str | None) -> str:
-    """Any connection URL (amqp://, postgresql://) or libpq DSN with its secrets as ***.
+def _redact_url(text: str) -> str:
+    """One connection URL (amqp://, postgresql://) with its secrets as ***.
 
     Not a URL parser: userinfo runs to the LAST '@', so a password holding '#', '/', '?' or
     '@' unencoded is hidden too; at worst more than the password is hidden.

@@ -324,9 +324,3 @@ class Settings(BaseSettings):
 # Settings whose value may carry a password: never repeated in an error or a listing.
 SECRET_FIELDS = frozenset({"pg_dsn", "amqp_url"})
 
-
-def redact_url(url: str | None) -> str:
-    """Return a URL or libpq DSN with any password replaced by ***, whatever its characters."""
-    from relay import dsn
-
-    return dsn.redact_any(url)

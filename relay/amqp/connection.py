@@ -20,9 +20,9 @@ import aio_pika
 import structlog
 
 from relay.amqp import compat
-from relay.amqp.nodes import Nodes, broker_user, redact_urls
+from relay.amqp.nodes import Nodes, broker_user
+from relay.dsn import redact
 from relay.errors import BrokerError, BrokerRefusedAtStart
-from relay.settings import redact_url
 from relay.supervise import Supervisor
 
 log = structlog.get_logger("relay.amqp.connection")
@@ -81,7 +81,7 @@ class BrokerConnection:
         connect_timeout_s: float = 10.0,
     ) -> None:
         self.nodes = Nodes(urls)
-        self.supervisor = supervisor or Supervisor("broker", describe=redact_urls(urls))
+        self.supervisor = supervisor or Supervisor("broker", describe=redact(urls))
         # Unique per process (as application_name is on PostgreSQL), so an operator can tell
         # the relays' connections apart in the management UI and close one by name.
         self.connection_name = connection_name or (
@@ -115,16 +115,16 @@ class BrokerConnection:
                 if not self.supervisor.ever_up:
                     # At start-up, refused credentials or an untrusted certificate are a
                     # configuration error: waiting will not change them.
-                    raise BrokerRefusedAtStart(f"RabbitMQ at {redact_url(url)} refused the "
+                    raise BrokerRefusedAtStart(f"RabbitMQ at {redact(url)} refused the "
                                                f"connection: {exc}") from exc
                 # After the relay has run with them, they were changed under it (a rotated
                 # password, a renewed certificate): an outage like any other, retried with
                 # the supervisor's capped backoff until the new ones are in place.
                 raise BrokerRefused(
-                    f"RabbitMQ at {redact_url(url)} refused the relay's credentials or "
+                    f"RabbitMQ at {redact(url)} refused the relay's credentials or "
                     f"certificate (changed since start?): {exc}") from exc
             self.nodes.advance()
-            raise BrokerUnreachable(f"cannot reach RabbitMQ at {redact_url(url)}: "
+            raise BrokerUnreachable(f"cannot reach RabbitMQ at {redact(url)}: "
                                     f"{exc or type(exc).__name__}") from exc
         self.opened += 1
         self.raw = raw
@@ -136,7 +136,7 @@ class BrokerConnection:
             # aio-pika raises RuntimeError for a channel on a connection that just closed.
             await self._drop()
             self.nodes.advance()
-            raise BrokerUnreachable(f"opening channels on {redact_url(url)} failed: {exc}") from exc
+            raise BrokerUnreachable(f"opening channels on {redact(url)} failed: {exc}") from exc
 
     async def connect(self) -> None:
         """Connect (waiting for the broker as the supervisor allows); raises BrokerError for

@@ -5,17 +5,10 @@ from __future__ import annotations
 import random
 from urllib.parse import unquote, urlsplit
 
-from relay.settings import redact_url
-
 
 def split_urls(value: str) -> list[str]:
     """The URLs of a comma-separated list (blank entries ignored)."""
     return [part.strip() for part in value.split(",") if part.strip()]
-
-
-def redact_urls(value: str) -> str:
-    """Every URL of the list with its password replaced by ***."""
-    return ",".join(redact_url(url) for url in split_urls(value))
 
 
 def broker_user(url: str) -> str:

@@ -412,9 +412,9 @@ class BulkPublisher(Pipeline):
 
 def _connection(url: str, reconnect_max_s: float, supervisor: Supervisor | None
                 ) -> BrokerConnection:
-    from relay.amqp.nodes import redact_urls
+    from relay.dsn import redact
     from relay.supervise import Backoff
 
     sup = supervisor or Supervisor("broker", backoff=Backoff(max_s=reconnect_max_s),
-                                   describe=redact_urls(url))
+                                   describe=redact(url))
     return BrokerConnection(url, supervisor=sup)

@@ -8,8 +8,8 @@ import sys
 
 import aio_pika
 
+from relay.dsn import redact
 from relay.errors import BrokerError
-from relay.settings import redact_url
 
 
 async def tail(amqp_url: str, exchange: str, binding_key: str, count: int | None) -> int:
@@ -17,7 +17,7 @@ async def tail(amqp_url: str, exchange: str, binding_key: str, count: int | None
     try:
         conn = await aio_pika.connect(amqp_url)
     except (ConnectionError, OSError, aio_pika.exceptions.AMQPError) as exc:
-        raise BrokerError(f"cannot reach RabbitMQ at {redact_url(amqp_url)}: {exc}") from exc
+        raise BrokerError(f"cannot reach RabbitMQ at {redact(amqp_url)}: {exc}") from exc
     seen = 0
     done = asyncio.Event()
     try:

@@ -17,10 +17,11 @@ import asyncpg
 
 from relay import dsn
 from relay.deadlines import Deadlines
+from relay.dsn import redact
 from relay.errors import DatabaseError, DatabaseUnavailable
 from relay.pg import compat as pg_compat
 from relay.pg.queries import TableNames, raw_queries
-from relay.settings import Settings, redact_url
+from relay.settings import Settings
 from relay.supervise import Backoff, Supervisor
 
 DB_ERRORS: tuple[type[BaseException], ...] = (
@@ -134,7 +135,7 @@ async def require_read_write(conn: Conn) -> None:
 
 
 def connect_failed(settings: Settings, exc: BaseException) -> DatabaseError:
-    where = redact_url(settings.pg_dsn)
+    where = redact(settings.pg_dsn)
     kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
     return kind(f"cannot connect to PostgreSQL at {where}: {exc}")
 
@@ -182,7 +183,7 @@ async def connect_when_up(settings: Settings, role: str) -> asyncpg.Connection:
     """
     sup = Supervisor(role, backoff=Backoff(base_s=0.2, max_s=settings.reconnect_max_s),
                      give_up_after_s=settings.startup_timeout_s,
-                     describe=redact_url(settings.pg_dsn))
+                     describe=redact(settings.pg_dsn))
     return await sup.establish(lambda: connect(settings, role), retry_on=(DatabaseUnavailable,))
 
 

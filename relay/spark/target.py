@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from relay.dsn import redact
 from relay.errors import DatabaseError, SchemaError
 from relay.pg.queries import TableNames
-from relay.settings import redact_url
 from relay.spark.config import load_settings
 from relay.spark.dsn import JdbcTarget, conninfo, jdbc_target_of, libpq_params
 from relay.spark.sql import SparkSql
@@ -63,7 +63,7 @@ def connect(target: Target) -> Iterator[psycopg.Connection[Any]]:
         )
     except psycopg.Error as exc:
         raise DatabaseError(
-            f"cannot connect to {redact_url(target.dsn)}: {explain(exc, target)}"
+            f"cannot connect to {redact(target.dsn)}: {explain(exc, target)}"
         ) from None
     with conn:
         yield conn

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relay.dsn import redact
 from relay.errors import ConfigError, RelayError
-from relay.settings import redact_url
 from relay.spark.copy_partition import write_copy
 from relay.spark.dsn import loopback_hosts
 from relay.spark.errors import SparkWriteError
@@ -145,7 +145,7 @@ def write_outbox(
             raise
         except Exception as exc:
             raise SparkWriteError(
-                f"{mode.value} write to {target.table} at {redact_url(target.dsn)} failed"
+                f"{mode.value} write to {target.table} at {redact(target.dsn)} failed"
                 f"{' (no rows were merged)' if mode is WriteMode.STAGED else ''}: "
                 f"{explain(exc, target)}"
             ) from exc

@@ -8,9 +8,13 @@ builds rows with the relay's real encoder (pure code) and settles each message a
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
 
 from relay.amqp.encoder import Encoder
 from relay.interfaces import (
@@ -22,6 +26,16 @@ from relay.interfaces import (
     Settlement,
 )
 from relay.options import Properties
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No RELAY_* variable of the caller's shell, and a working folder with no .env (a test
+    module uses it with `pytestmark = pytest.mark.usefixtures("clean_env")`)."""
+    for key in list(os.environ):
+        if key.startswith("RELAY_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
 
 
 def rows(n: int, prefix: str = "id") -> list[OutboxRow]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from relay.amqp.nodes import Nodes, redact_urls, split_urls
+from relay.amqp.nodes import Nodes, split_urls
 from relay.deadlines import Deadlines
+from relay.dsn import redact
 from relay.pg.connection import connect_args
 from relay.settings import Settings
 
@@ -46,8 +47,8 @@ def test_nodes__a_comma_separated_url_list_is_shuffled_and_walked_in_a_ring() ->
     value = "amqp://u:p1@a:5672/, amqp://u:p2@b:5672/,amqp://u:p3@c:5672/"
     assert split_urls(value) == ["amqp://u:p1@a:5672/", "amqp://u:p2@b:5672/",
                                  "amqp://u:p3@c:5672/"]
-    assert "p1" not in redact_urls(value)
-    assert "p3" not in redact_urls(value)
+    assert "p1" not in redact(value)
+    assert "p3" not in redact(value)
     nodes = Nodes(value)
     seen = [nodes.current, nodes.advance(), nodes.advance(), nodes.advance()]
     assert sorted(seen[:3]) == sorted(split_urls(value))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 
 from relay import dsn
-from relay.settings import redact_url
+from relay.dsn import redact
 
 # Any printable character, the ones that break naive parsers first.
 NASTY = "#/?@:'\\ =&%+,[]\"\t"
@@ -86,7 +86,7 @@ def test_url_form__parses_exactly_as_libpq(case: tuple[str, str]) -> None:
 @settings(max_examples=300, deadline=None)
 def test_redaction__never_shows_a_keyword_dsn_password(params: dict[str, str]) -> None:
     text = keyword_dsn(params, " ")
-    shown = redact_url(text)
+    shown = redact(text)
     assert params["password"] not in shown
     assert dsn.quote_value(params["password"]) not in shown
     assert conninfo_to_dict(shown)["password"] == "***"  # the rest stays readable
@@ -102,7 +102,7 @@ def test_redaction__never_shows_a_url_password_whatever_its_characters(
 ) -> None:
     shown_password = quote(password, safe="") if encode else password
     text = f"{scheme}://relay:{shown_password}@mq.example:5672/vhost?heartbeat=30"
-    shown = redact_url(text)
+    shown = redact(text)
     assert password not in shown
     assert shown_password not in shown
     assert shown.startswith(f"{scheme}://relay:***@")
@@ -198,7 +198,7 @@ def test_parse__errors_never_repeat_a_password_fragment(text: str) -> None:
 
 def test_redaction__keyword_dsn_whose_password_holds_a_scheme_separator() -> None:
     # Found by the property test: "://" inside a keyword DSN's password made it look like a URL.
-    shown = redact_url("host=db password=Pw://")
+    shown = redact("host=db password=Pw://")
     assert "Pw://" not in shown
     assert "host=db" in shown
 
@@ -214,7 +214,7 @@ def test_redaction__keyword_dsn_whose_password_holds_a_scheme_separator() -> Non
     ],
 )
 def test_redaction__found_cases_hide_the_password(text: str, password: str) -> None:
-    shown = redact_url(text)
+    shown = redact(text)
     assert password not in shown
     assert "***" in shown
 

@@ -12,14 +12,9 @@ import structlog
 
 from relay import cli
 from relay.ops import logs
+from tests.unit.kit import clean_env  # noqa: F401 - the fixture, used by pytestmark
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    for key in list(__import__("os").environ):
-        if key.startswith("RELAY_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def _events(text: str) -> list[dict[str, object]]:

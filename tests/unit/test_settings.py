@@ -5,16 +5,12 @@ from __future__ import annotations
 import pytest
 
 from relay import cli
+from relay.dsn import redact
 from relay.errors import ConfigError
-from relay.settings import Settings, redact_url
+from relay.settings import Settings
+from tests.unit.kit import clean_env  # noqa: F401 - the fixture, used by pytestmark
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    for key in list(__import__("os").environ):
-        if key.startswith("RELAY_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def test_settings__defaults_work_beside_local_servers() -> None:
@@ -88,8 +84,8 @@ def test_cli__help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> No
     ],
 )
 def test_redact_url__hides_passwords(dsn: str, secret: str) -> None:
-    assert secret not in redact_url(dsn)
-    assert "***" in redact_url(dsn)
+    assert secret not in redact(dsn)
+    assert "***" in redact(dsn)
 
 
 # ---------------------------------------------------------------- mistakes caught at start-up
