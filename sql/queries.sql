@@ -1,4 +1,4 @@
--- Every SQL statement the relay runs, each under a `-- name:` header (see relay/queries.py).
+-- Every SQL statement the relay runs, each under a `-- name:` header (see relay/pg/queries.py).
 -- {placeholders} are quoted identifiers of the configured outbox table and its companions.
 
 -- ============================================================ migrations
@@ -44,7 +44,7 @@ DROP TRIGGER IF EXISTS {notify_trigger} ON {table}
 
 -- name: install_trigger_conditional
 -- Notifies only while some relay is asleep (or about to be), which it shows by holding, or
--- waiting for, the wake-up lock in exclusive mode (relay/wakeup.py, docs/notify.md). When the
+-- waiting for, the wake-up lock in exclusive mode (relay/pg/wakeup.py, docs/notify.md). When the
 -- shared try-lock succeeds, no relay sleeps: the producer skips the NOTIFY (and its global
 -- commit lock) and keeps the shared lock until it commits, so a relay about to sleep first
 -- waits for this transaction to end and then sweeps once more, which finds its rows.
@@ -270,8 +270,8 @@ SELECT count(*) FILTER (WHERE available_at <= now())                  AS due,
 FROM {table}
 
 -- name: relay_sessions
--- Relay processes connected to this database: each holds one LISTEN session (relay/listener.py
--- names it through application_name, see relay/outbox.py connect_args).
+-- Relay processes connected to this database: each holds one LISTEN session (relay/pg/listener.py
+-- names it through application_name, see relay/pg/connection.py connect_args).
 SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND application_name LIKE 'outbox-relay listener %'
 
@@ -311,7 +311,7 @@ SELECT 1
 SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean
 
 -- ============================================================ dead letters and retention
--- (relay/deadletters.py: `relay dead ...` and `relay prune`)
+-- (relay/pg/deadletters.py: `relay dead ...` and `relay prune`)
 
 -- name: dead_list
 SELECT id::text AS id, dead_at, attempts, exchange, routing_key, reason
