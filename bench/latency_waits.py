@@ -1,0 +1,128 @@
+"""Where the sessions wait during a latency run: pg_stat_activity sampled every few ms while
+producers commit at a rate and one relay follows them (bench/latency.py).
+
+    python -m bench.latency_waits --rates 1000:4,3000:16 --out bench/compare/latency-waits.md
+
+Each sample reads every session of the run's database: who it is (the relay's worker, wake-up
+and listener sessions by their application_name, the producers' sessions by elimination),
+its state and its wait event ("running" when active and not waiting). The report gives, per
+rate, each (who, state, wait) pair's share of the samples of that kind of session, beside
+the run's latency; on the shared server (the fresh database of each run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import uvloop
+
+from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
+from bench.compare import _revision
+from bench.latency import latency_once
+
+SAMPLE = """
+SELECT application_name, state, wait_event_type, wait_event
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+
+
+def _who(application_name: str) -> str:
+    if application_name.startswith("outbox-relay "):
+        return "relay " + application_name.split()[1]
+    return application_name or "producer"
+
+
+async def _sample(dsn: str, stop: asyncio.Event, every_s: float) -> collections.Counter[Any]:
+    conn = await asyncpg.connect(dsn)
+    seen: collections.Counter[Any] = collections.Counter()
+    try:
+        while not stop.is_set():
+            for r in await conn.fetch(SAMPLE):
+                state = r["state"] or "-"
+                wait = (f"{r['wait_event_type']}:{r['wait_event']}" if r["wait_event_type"]
+                        else ("running" if state == "active" else "-"))
+                seen[(_who(r["application_name"] or ""), state, wait)] += 1
+            await asyncio.sleep(every_s)
+    finally:
+        await conn.close()
+    return seen
+
+
+async def measure(rates: list[tuple[int, int]], seconds: float,
+                  quiet_below: float) -> list[dict[str, Any]]:
+    """One sampled latency run per rate."""
+    out = []
+    for rate, connections in rates:
+        env = await create_env("waits")
+        try:
+            await wait_quiet(quiet_below)
+            stop = asyncio.Event()
+            sampler = asyncio.ensure_future(_sample(env.dsn, stop, 0.005))
+            result = await latency_once(env, rate, seconds, connections=connections)
+            stop.set()
+            seen = await sampler
+        finally:
+            await drop_env(env)
+        out.append({"rate": rate, "connections": connections, "latency": result,
+                     "samples": seen})
+        print(rate, {k: result[k] for k in ("p50_ms", "p99_ms", "achieved_per_s")}, flush=True)
+    return out
+
+
+def report(runs: list[dict[str, Any]], command: str, started: str, load: list[float]) -> str:
+    """The Markdown results file."""
+    lines = report_header(
+        "Where the sessions wait during a latency run", "bench/latency_waits.py", command,
+        started, load, f"build: {_revision()}",
+        "pg_stat_activity of the run's database sampled every 5 ms (the sampler's own "
+        "session left out); shared server; default relay settings and notify mode")
+    for run in runs:
+        lat = run["latency"]
+        lines += [f"## {run['rate']:,} commits/s from {run['connections']} connections", "",
+                  f"p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms, p99 {lat['p99_ms']} ms, "
+                  f"max {lat['max_ms']} ms; producers reached {lat['achieved_per_s']}/s; "
+                  f"load before {lat['load_before']}", "",
+                  "| session | state | wait | share of that session kind's samples |",
+                  "|---|---|---|---|"]
+        samples: collections.Counter[Any] = run["samples"]
+        totals: collections.Counter[str] = collections.Counter()
+        for (who, _, _), n in samples.items():
+            totals[who] += n
+        for (who, state, wait), n in sorted(samples.items(),
+                                            key=lambda kv: (kv[0][0], -kv[1])):
+            share = n / totals[who]
+            if share >= 0.005:
+                lines.append(f"| {who} | {state} | {wait} | {share:.1%} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Parse arguments, run, write the report."""
+    parser = argparse.ArgumentParser(prog="python -m bench.latency_waits")
+    parser.add_argument("--rates", default="1000:4,3000:16")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quiet-below", type=float, default=1.0)
+    args = parser.parse_args()
+    rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    load = load_before()
+    runs = uvloop.run(measure(rates, args.seconds, args.quiet_below))
+    command = "python -m bench.latency_waits " + shlex.join(sys.argv[1:])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report(runs, command, started, load))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
