@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 import uvloop
 
-from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
+from bench.common import NAMES, create_env, drop_env, load_before, report_header, wait_quiet
 from bench.compare import _revision
 from bench.latency import latency_once
 
@@ -57,6 +57,16 @@ async def _sample(dsn: str, stop: asyncio.Event, every_s: float) -> collections.
     return seen
 
 
+class _Count:
+    """A LISTEN callback that counts notifications."""
+
+    def __init__(self, into: collections.Counter[str]) -> None:
+        self.into = into
+
+    def __call__(self, *_: object) -> None:
+        self.into["n"] += 1
+
+
 async def measure(rates: list[tuple[int, int]], seconds: float,
                   quiet_below: float) -> list[dict[str, Any]]:
     """One sampled latency run per rate."""
@@ -66,14 +76,18 @@ async def measure(rates: list[tuple[int, int]], seconds: float,
         try:
             await wait_quiet(quiet_below)
             stop = asyncio.Event()
+            listen = await asyncpg.connect(env.dsn)
+            notifies = collections.Counter[str]()
+            await listen.add_listener(NAMES.channel, _Count(notifies))
             sampler = asyncio.ensure_future(_sample(env.dsn, stop, 0.005))
             result = await latency_once(env, rate, seconds, connections=connections)
             stop.set()
             seen = await sampler
+            await listen.close()
         finally:
             await drop_env(env)
         out.append({"rate": rate, "connections": connections, "latency": result,
-                     "samples": seen})
+                     "samples": seen, "notifies": notifies["n"]})
         print(rate, {k: result[k] for k in ("p50_ms", "p99_ms", "achieved_per_s")}, flush=True)
     return out
 
@@ -90,7 +104,8 @@ def report(runs: list[dict[str, Any]], command: str, started: str, load: list[fl
         lines += [f"## {run['rate']:,} commits/s from {run['connections']} connections", "",
                   f"p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms, p99 {lat['p99_ms']} ms, "
                   f"max {lat['max_ms']} ms; producers reached {lat['achieved_per_s']}/s; "
-                  f"load before {lat['load_before']}", "",
+                  f"load before {lat['load_before']}; NOTIFYs received during the run: "
+                  f"{run['notifies']:,} (for {lat['messages']:,} messages)", "",
                   "| session | state | wait | share of that session kind's samples |",
                   "|---|---|---|---|"]
         samples: collections.Counter[Any] = run["samples"]
