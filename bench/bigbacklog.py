@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
+from bench.common import OneOff, create_env, drop_env, load_before, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.limits import bulk_frame_limit
@@ -51,13 +48,12 @@ async def measure(sizes: list[int], quiet_below: float) -> list[dict[str, Any]]:
     return records
 
 
-def report(records: list[dict[str, Any]], command: str, started: str,
-           load: list[float]) -> str:
+def report(records: list[dict[str, Any]], run: OneOff) -> str:
     """The Markdown results file."""
     lines = [
-        *report_header(
+        *run.header(
             "A big backlog: the relay's drain beside the broker's own publish limit",
-            "bench/bigbacklog.py", command, started, load, f"build: {_revision()}",
+            f"build: {_revision()}",
             "PostgreSQL: a private initdb cluster with the server's defaults; RabbitMQ 3.10 on "
             "loopback, one durable classic queue nobody consumes during the run, persistent "
             "~200-byte messages"),
@@ -89,13 +85,9 @@ def main() -> None:
     parser.add_argument("--quiet-below", type=float, default=1.0)
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    load = load_before()
+    run = OneOff("bench.bigbacklog")
     records = run_on_private_server(lambda: measure(sizes, args.quiet_below))
-    command = "python -m bench.bigbacklog " + shlex.join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(records, command, started, load))
-    print(f"wrote {args.out}")
+    run.write(args.out, report(records, run))
 
 
 if __name__ == "__main__":

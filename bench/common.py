@@ -10,12 +10,14 @@ import asyncio
 import json
 import os
 import secrets
+import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -336,14 +338,6 @@ async def wait_quiet(below: float, most_s: float = 120.0) -> None:
         await asyncio.sleep(2)
 
 
-def report_header(title: str, script: str, command: str, started: str, load: list[float],
-                  *details: str) -> list[str]:
-    """The first lines of a one-off results file: what wrote it, when, where, on what load."""
-    return [f"# {title}", "", f"Written by `{script}` (do not edit by hand).", "",
-            f"- date: {started}", f"- command: `{command}`", f"- machine: {machine()}",
-            f"- load average before the run: {load}", *(f"- {d}" for d in details), ""]
-
-
 def machine() -> dict[str, Any]:
     """CPU model, cores (nproc), memory, kernel."""
     model = "?"
@@ -359,3 +353,32 @@ def machine() -> dict[str, Any]:
 def load_before() -> list[float]:
     """The load average (1, 5, 15 min) right before a run starts."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+@dataclass
+class OneOff:
+    """A one-off script's run (bench/horizon.py, bench/bigbacklog.py...): the command that
+    started it, when, the load average then, and its results file."""
+
+    module: str
+    started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    load: list[float] = field(default_factory=load_before)
+
+    @property
+    def command(self) -> str:
+        """The command line, as a reader would type it."""
+        return f"python -m {self.module} " + shlex.join(sys.argv[1:])
+
+    def header(self, title: str, *details: str) -> list[str]:
+        """The first lines of the results file: what wrote it, when, where, on what load."""
+        script = self.module.replace(".", "/") + ".py"
+        return [f"# {title}", "", f"Written by `{script}` (do not edit by hand).", "",
+                f"- date: {self.started}", f"- command: `{self.command}`",
+                f"- machine: {machine()}", f"- load average before the run: {self.load}",
+                *(f"- {d}" for d in details), ""]
+
+    def write(self, out: Path, text: str) -> None:
+        """Write the results file."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out}")

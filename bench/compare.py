@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import subprocess
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
 from bench import common
-from bench.common import DEFAULT_MODE, create_env, drop_env, load_before, machine, wait_quiet
+from bench.common import DEFAULT_MODE, OneOff, create_env, drop_env, wait_quiet
 from bench.latency import latency_once
 
 
@@ -64,41 +61,37 @@ def _revision(folder: str | None = None) -> str:
     return rev + (" with uncommitted changes" if dirty.strip() else "")
 
 
-def report(records: list[dict[str, Any]], label: str, command: str, started: str,
-           load: list[float], *, before_src: str = "") -> str:
-    """The Markdown results file."""
-    m = machine()
-    lines = [
-        f"# Latency, before and after: {label}",
-        "",
-        "Written by `bench/compare.py` (do not edit by hand).",
-        "",
-        f"- date: {started}",
-        f"- command: `{command}`",
-        f"- builds: before = {_revision(before_src)}, after = {_revision()}",
-        f"- machine: {m}",
-        f"- load average before the run: {load}",
-        f"- notify mode: {DEFAULT_MODE.value} (the default); default relay settings",
-        "",
-        "| build | commits/s | connections | run | p50 ms | p95 ms | p99 ms | rate reached | "
-        "load before |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+def latency_tables(records: list[dict[str, Any]], key: str, groups: tuple[str, ...]
+                   ) -> list[str]:
+    """Every run's latency, then the medians per rate and group (`key`: build or server)."""
+    lines = [f"| {key} | commits/s | connections | run | p50 ms | p95 ms | p99 ms | "
+             "rate reached | load before |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(
-            f"| {r['build']} | {r['rate']} | {r['connections']} | {r['run']} | "
+            f"| {r[key]} | {r['rate']} | {r['connections']} | {r['run']} | "
             f"{r.get('p50_ms')} | {r.get('p95_ms')} | {r.get('p99_ms')} | "
             f"{r.get('achieved_per_s')} | {r.get('load_before')} |")
-    lines += ["", "## Medians", "", "| commits/s | build | p50 ms | p99 ms |", "|---|---|---|---|"]
+    lines += ["", "## Medians", "", f"| commits/s | {key} | p50 ms | p99 ms |",
+              "|---|---|---|---|"]
     for rate in sorted({r["rate"] for r in records}):
-        for build in ("before", "after"):
-            runs = [r for r in records if r["rate"] == rate and r["build"] == build]
+        for group in groups:
+            runs = [r for r in records if r["rate"] == rate and r[key] == group]
             if not runs:
                 continue
             p50 = statistics.median(r["p50_ms"] for r in runs)
             p99 = statistics.median(r["p99_ms"] for r in runs)
-            lines.append(f"| {rate} | {build} | {p50:.2f} | {p99:.2f} |")
-    return "\n".join(lines) + "\n"
+            lines.append(f"| {rate} | {group} | {p50:.2f} | {p99:.2f} |")
+    return lines
+
+
+def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
+           before_src: str = "") -> str:
+    """The Markdown results file."""
+    lines = run.header(
+        f"Latency, before and after: {label}",
+        f"builds: before = {_revision(before_src)}, after = {_revision()}",
+        f"notify mode: {DEFAULT_MODE.value} (the default); default relay settings")
+    return "\n".join(lines + latency_tables(records, "build", ("before", "after"))) + "\n"
 
 
 def main() -> None:
@@ -115,14 +108,10 @@ def main() -> None:
                         "this before each run")
     args = parser.parse_args()
     rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    load = load_before()
+    run = OneOff("bench.compare")
     records = uvloop.run(compare(args.before_src, rates, args.runs, args.seconds,
                                  args.quiet_below))
-    command = "python -m bench.compare " + shlex.join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(records, args.label, command, started, load,
-                              before_src=args.before_src))
+    run.write(args.out, report(records, args.label, run, before_src=args.before_src))
 
 
 if __name__ == "__main__":

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
+from bench.common import OneOff, create_env, drop_env, load_before, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.limits import bulk_frame_limit
@@ -55,13 +52,12 @@ async def measure(shapes: list[tuple[int, int]], rows: int, runs: int,
     return records
 
 
-def report(records: list[dict[str, Any]], command: str, started: str, load: list[float],
-           rows: int) -> str:
+def report(records: list[dict[str, Any]], run: OneOff, rows: int) -> str:
     """The Markdown results file."""
     lines = [
-        *report_header(
+        *run.header(
             "Drain rate by batch shape, beside the broker's publish limit",
-            "bench/drainshape.py", command, started, load, f"build: {_revision()}",
+            f"build: {_revision()}",
             f"{rows:,} rows per drain; PostgreSQL: a private initdb cluster with the server's "
             "defaults; shape = RELAY_BATCH_SIZE x RELAY_CONCURRENCY (500 x 3 is the default)"),
         "| run | shape | msg/s | CPU cores: relay / postgres / rabbitmq / machine | "
@@ -93,14 +89,10 @@ def main() -> None:
     parser.add_argument("--quiet-below", type=float, default=1.0)
     args = parser.parse_args()
     shapes = [(int(b), int(c)) for b, c in (s.split("x") for s in args.shapes.split(","))]
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    load = load_before()
+    run = OneOff("bench.drainshape")
     records = run_on_private_server(
         lambda: measure(shapes, args.rows, args.runs, args.quiet_below))
-    command = "python -m bench.drainshape " + shlex.join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(records, command, started, load, args.rows))
-    print(f"wrote {args.out}")
+    run.write(args.out, report(records, run, args.rows))
 
 
 if __name__ == "__main__":

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
+from bench.common import OneOff, create_env, drop_env, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.server import run_on_private_server
@@ -53,13 +50,11 @@ async def horizon(before_src: str, rows: int, runs: int, quiet_below: float,
     return records
 
 
-def report(records: list[dict[str, Any]], command: str, started: str, load: list[float],
-           before_src: str) -> str:
+def report(records: list[dict[str, Any]], run: OneOff, before_src: str) -> str:
     """The Markdown results file."""
     lines = [
-        *report_header(
-            "Drain with the xmin horizon pinned, before and after", "bench/horizon.py",
-            command, started, load,
+        *run.header(
+            "Drain with the xmin horizon pinned, before and after",
             f"builds: before = {_revision(before_src)}, after = {_revision()}",
             "PostgreSQL: a private initdb cluster with the server's defaults (autovacuum on); "
             "one `relay run` with default settings; pinned = another session holds a "
@@ -93,14 +88,10 @@ def main() -> None:
                         help="wait (up to 2 min) for the 1-minute load average to fall under "
                         "this before each drain")
     args = parser.parse_args()
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    load = load_before()
+    run = OneOff("bench.horizon")
     records = run_on_private_server(
         lambda: horizon(args.before_src, args.rows, args.runs, args.quiet_below))
-    command = "python -m bench.horizon " + shlex.join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(records, command, started, load, args.before_src))
-    print(f"wrote {args.out}")
+    run.write(args.out, report(records, run, args.before_src))
 
 
 if __name__ == "__main__":

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import statistics
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
 from bench import common
-from bench.common import create_env, drop_env, load_before, report_header, wait_quiet
-from bench.compare import _revision
+from bench.common import OneOff, create_env, drop_env, wait_quiet
+from bench.compare import _revision, latency_tables
 from bench.latency import latency_once
 from bench.server import private_server
 
@@ -59,32 +55,17 @@ def measure(rates: list[tuple[int, int]], runs: int, seconds: float,
     return records
 
 
-def report(records: list[dict[str, Any]], command: str, started: str,
-           load: list[float]) -> str:
+def report(records: list[dict[str, Any]], run: OneOff) -> str:
     """The Markdown results file."""
     lines = [
-        *report_header(
+        *run.header(
             "Latency of one build on the shared server and on a fresh private cluster",
-            "bench/latency_servers.py", command, started, load, f"build: {_revision()}",
+            f"build: {_revision()}",
             "shared: this machine's PostgreSQL 15 (autovacuum off, otherwise defaults); "
             "private: a fresh initdb cluster with every default; default relay settings, "
             "default notify mode, a fresh database per run"),
-        "| server | commits/s | connections | run | p50 ms | p95 ms | p99 ms | reached | "
-        "load before |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in records:
-        lines.append(f"| {r['server']} | {r['rate']} | {r['connections']} | {r['run']} | "
-                     f"{r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['achieved_per_s']} "
-                     f"| {r['load_before']} |")
-    lines += ["", "## Medians", "", "| commits/s | server | p50 ms | p99 ms |",
-              "|---|---|---|---|"]
-    for rate in sorted({r["rate"] for r in records}):
-        for server in ("shared", "private"):
-            mine = [r for r in records if r["rate"] == rate and r["server"] == server]
-            lines.append(f"| {rate} | {server} | "
-                         f"{statistics.median(r['p50_ms'] for r in mine):.2f} | "
-                         f"{statistics.median(r['p99_ms'] for r in mine):.2f} |")
+    lines += latency_tables(records, "server", ("shared", "private"))
     return "\n".join(lines) + "\n"
 
 
@@ -98,13 +79,9 @@ def main() -> None:
     parser.add_argument("--quiet-below", type=float, default=1.0)
     args = parser.parse_args()
     rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    load = load_before()
+    run = OneOff("bench.latency_servers")
     records = measure(rates, args.runs, args.seconds, args.quiet_below)
-    command = "python -m bench.latency_servers " + shlex.join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(records, command, started, load))
-    print(f"wrote {args.out}")
+    run.write(args.out, report(records, run))
 
 
 if __name__ == "__main__":

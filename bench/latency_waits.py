@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import shlex
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import uvloop
 
-from bench.common import NAMES, create_env, drop_env, load_before, report_header, wait_quiet
+from bench.common import NAMES, OneOff, create_env, drop_env, wait_quiet
 from bench.compare import _revision
 from bench.latency import latency_once
 
@@ -92,11 +89,10 @@ async def measure(rates: list[tuple[int, int]], seconds: float,
     return out
 
 
-def report(runs: list[dict[str, Any]], command: str, started: str, load: list[float]) -> str:
+def report(runs: list[dict[str, Any]], this: OneOff) -> str:
     """The Markdown results file."""
-    lines = report_header(
-        "Where the sessions wait during a latency run", "bench/latency_waits.py", command,
-        started, load, f"build: {_revision()}",
+    lines = this.header(
+        "Where the sessions wait during a latency run", f"build: {_revision()}",
         "pg_stat_activity of the run's database sampled every 5 ms (the sampler's own "
         "session left out); shared server; default relay settings and notify mode")
     for run in runs:
@@ -130,13 +126,9 @@ def main() -> None:
     parser.add_argument("--quiet-below", type=float, default=1.0)
     args = parser.parse_args()
     rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    load = load_before()
+    this = OneOff("bench.latency_waits")
     runs = uvloop.run(measure(rates, args.seconds, args.quiet_below))
-    command = "python -m bench.latency_waits " + shlex.join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(runs, command, started, load))
-    print(f"wrote {args.out}")
+    this.write(args.out, report(runs, this))
 
 
 if __name__ == "__main__":

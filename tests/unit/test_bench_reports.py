@@ -1,0 +1,55 @@
+"""The one-off benchmark scripts write their results files from their records alone: every
+file names the command, the date, the machine and the load average (pure code, no servers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import bigbacklog, compare, drainshape, horizon, latency_servers
+from bench.common import OneOff
+
+CORES = {"relay": 0.1, "postgres": 0.3, "rabbitmq": 0.8, "machine_busy": 1.2}
+
+
+def _latency(key: str, group: str, rate: int, p50: float) -> dict[str, object]:
+    return {key: group, "rate": rate, "connections": 4, "run": 1, "p50_ms": p50,
+            "p95_ms": p50 * 2, "p99_ms": p50 * 3, "achieved_per_s": rate,
+            "load_before": [0.5, 0.5, 0.5]}
+
+
+def _has_provenance(text: str, run: OneOff) -> None:
+    assert f"- command: `{run.command}`" in text
+    assert f"- date: {run.started}" in text
+    assert "- machine: {" in text
+    assert f"- load average before the run: {run.load}" in text
+
+
+def test_every_one_off_report__names_command_date_machine_and_load(tmp_path: Path) -> None:
+    run = OneOff("bench.example")
+    texts = [
+        compare.report([_latency("build", "before", 1000, 1.5),
+                        _latency("build", "after", 1000, 1.2)], "a cut", run),
+        latency_servers.report([_latency("server", "shared", 1000, 1.8),
+                                _latency("server", "private", 1000, 1.9)], run),
+        horizon.report([{"build": b, "run": 1, "pinned": p, "rows": 1000,
+                         "msg_per_s": 100.0 if p else 125.0, "seconds": 1.0,
+                         "load_before": [0.5]} for b in ("before", "after")
+                        for p in (False, True)], run, ""),
+        bigbacklog.report([{"what": w, "messages": n, "msg_per_s": 100.0, "seconds": 1.0,
+                            "load_before": [0.5], "rabbitmq_cores": None}
+                           for n in (10, 100)
+                           for w in ("bulk-frame publish limit (no database)", "relay drain")],
+                          run),
+        drainshape.report([{"run": 1, "shape": "publish limit (no database)",
+                            "msg_per_s": 200.0, "load_before": [0.5], "cpu_cores": None},
+                           {"run": 1, "shape": "500 x 3", "msg_per_s": 180.0,
+                            "load_before": [0.5], "cpu_cores": CORES}], run, 1000),
+    ]
+    for text in texts:
+        _has_provenance(text, run)
+    assert "| 1000 | after | 1.20 | 3.60 |" in texts[0]
+    assert "| after | 125 | 100 | 0.80 |" in texts[2]
+    assert "| 500 x 3 | 180 | 0.90 |" in texts[4]
+    out = tmp_path / "sub" / "report.md"
+    run.write(out, texts[0])
+    assert out.read_text() == texts[0]
