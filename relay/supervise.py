@@ -34,6 +34,8 @@ log = structlog.get_logger("relay.supervise")
 
 T = TypeVar("T")
 State = Literal["starting", "up", "down", "stopped"]
+# The events a supervisor logs while its connection is down (each with connection=<name>).
+DOWN_EVENTS = ("connection_waiting", "connection_lost", "connection_failing")
 
 
 class GaveUp(RelayError):
@@ -116,6 +118,11 @@ class Supervisor:
 
     async def pause(self) -> bool:
         """Sleep this outage's next backoff delay; False (at once) when the relay stops."""
+        return await self.sleep(self.next_delay_s())
+
+    def next_delay_s(self) -> float:
+        """This outage's next backoff delay (for a loop that must not block: it notes when
+        the next attempt is due and does other work meanwhile)."""
         if self._delays is None:
             self._delays = self.backoff.delays()
         delay = next(self._delays)
@@ -123,7 +130,7 @@ class Supervisor:
             # Wake for the start-up bound's last attempt rather than sleep past it.
             left_s = self.give_up_after_s - (time.monotonic() - self.down_since)
             delay = min(delay, max(left_s, 0.0) + 0.01)
-        return await self.sleep(delay)
+        return delay
 
     def _mark_down(self, error: BaseException | str) -> None:
         self.last_error = error if isinstance(error, str) else _describe_error(error)
@@ -235,13 +242,14 @@ class Supervisors:
         self.give_up_after_s = give_up_after_s
         self._all: dict[str, Supervisor] = {}
 
-    def add(self, name: str, *, describe: str = "", bounded: bool = False) -> Supervisor:
-        """A new supervisor under this process's stop event and backoff.
+    def add(self, name: str, *, describe: str = "", bounded: bool = False,
+            backoff: Backoff | None = None) -> Supervisor:
+        """A new supervisor under this process's stop event and backoff (or its own).
 
         `bounded`: the start-up bound applies (the servers `relay run` waits for before it
         starts); the sessions opened afterwards retry for as long as the relay runs.
         """
-        sup = Supervisor(name, backoff=self.backoff, stopping=self.stopping,
+        sup = Supervisor(name, backoff=backoff or self.backoff, stopping=self.stopping,
                          give_up_after_s=self.give_up_after_s if bounded else None,
                          describe=describe)
         self._all[name] = sup

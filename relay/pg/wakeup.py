@@ -8,12 +8,15 @@ committed or rolled back. Then one statement asks whether any row is due now (on
 the relay sweep once more) and when the next delayed row falls due, and the relay sleeps
 holding L. On waking it releases L, so producers stop notifying while it drains.
 
-Only one relay per table sleeps that way, the *sleeper*: the one holding the role lock R for
-the life of its session. Every other replica waits for R (a lock request that costs nothing
-while it waits) and sleeps on LISTEN alone: a producer either notified (every replica wakes)
-or skipped the NOTIFY while the sleeper was awake, and the sleeper's next sleep finds its row.
-When the sleeper's session ends (stop, crash, lost network) a waiter is granted R, wakes and
-takes over. So an idle replica that is not the sleeper runs no query but its periodic sweep.
+Only one relay per table sleeps that way, the *sleeper* (relay/pg/election.py elects it on
+the same session). Every other replica sleeps on LISTEN alone: a producer either notified
+(every replica wakes) or skipped the NOTIFY while the sleeper was awake, and the sleeper's
+next sleep finds its row. So an idle replica that is not the sleeper runs no query but its
+periodic sweep.
+
+The session is supervised like every other connection the relay keeps (relay/supervise.py:
+one log line per outage, its state in /healthz as `wakeup`), but never waited on: while it is
+down the worker polls, and the gate tries again once the backoff delay has passed.
 
 A dead relay cannot suppress notifications: both locks live in its database session, which
 ends with the process (or, for a host that vanished, when TCP keepalives give up on it).
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -37,15 +40,15 @@ import structlog
 from relay.errors import DatabaseError
 from relay.loop.sleep import AdaptivePoll, SleepPlan, keep_sweeping
 from relay.pg.connection import DB_ERRORS
+from relay.pg.election import SleeperElection
 from relay.pg.queries import Queries
-from relay.supervise import Backoff
+from relay.supervise import Backoff, Supervisor
 
 log = structlog.get_logger("relay.pg.wakeup")
 
 _ACQUIRE_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, asyncio.CancelledError)
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, *DB_ERRORS)
-# A waiter renews its request for the role lock this often (a fresh session each time).
-_ROLE_WAIT_S = 3600.0
+
 
 class LockGate:
     """The gate of a real relay: follows the table's installed notify mode and, as the
@@ -59,6 +62,7 @@ class LockGate:
         wake: Callable[[], None],
         *,
         poll: AdaptivePoll,
+        supervisor: Supervisor | None = None,
         fallback_poll_s: float = 1.0,
         wait_slice_s: float = 0.01,
         long_wait_slice_s: float = 0.1,
@@ -77,17 +81,19 @@ class LockGate:
         self._acquire_started = 0.0
         self.mode: str | None = None  # None: unknown (no gate connection, or not the sleeper)
         self.held = False
-        self.role: str | None = None  # "sleeper", "waiter" or None (undecided)
+        self.election = SleeperElection(queries, on_elected=wake, on_wait_ended=self._reset)
         self._conn: asyncpg.Connection | None = None
         self._acquire: asyncio.Future[Any] | None = None
         self._release: asyncio.Future[None] | None = None
-        self._role_wait: asyncio.Future[Any] | None = None
-        self._outage = False
         # A failure anywhere in the wake-up path (a refused connection, a statement that
-        # errors) waits before the next try: capped, jittered, reset by a check that works.
-        self._backoff = Backoff(base_s=0.2, max_s=5.0)
-        self._delays: Iterator[float] | None = None
+        # errors) waits before the next try: capped, jittered, reset by a statement that works.
+        self.supervisor = supervisor or Supervisor("wakeup", backoff=Backoff(0.2, 5.0))
         self._retry_at = 0.0
+
+    @property
+    def role(self) -> str | None:
+        """"sleeper", "waiter" or None (undecided, or no session)."""
+        return self.election.role
 
     def keep_sweeping(self, rows_this_wakeup: int) -> bool:
         """The common sleep policy."""
@@ -178,7 +184,7 @@ class LockGate:
             self._lost(f"preparing to sleep failed: {exc}")
             return SleepPlan()
         assert check is not None
-        self._delays = None  # the whole path works: the next failure backs off from the start
+        self.supervisor.ok()  # the whole path works: the next failure backs off from the start
         next_due = check["next_due_s"]
         due = self.held and bool(check["due_now"])
         awake = due and (found_rows or not self._drained_awake)
@@ -191,38 +197,16 @@ class LockGate:
         )
 
     async def _decide_role(self, conn: asyncpg.Connection) -> bool:
-        """Whether this relay is the table's sleeper; if not, queue for the role."""
-        if self.role is None:
-            try:
-                got = await conn.fetchval(self._q["wakeup_role_try"])
-            except DB_ERRORS as exc:
-                self._lost(f"taking the sleeper role failed: {exc}")
-                return False
-            if got:
-                self.role = "sleeper"
-            else:
-                self.role = "waiter"
-                self._role_wait = asyncio.ensure_future(
-                    conn.fetchval(self._q["wakeup_role_wait"], timeout=_ROLE_WAIT_S)
-                )
-                self._role_wait.add_done_callback(self._on_role_granted)
-        return self.role == "sleeper"
-
-    def _on_role_granted(self, task: asyncio.Future[Any]) -> None:
-        if task is not self._role_wait:
-            return
-        self._role_wait = None
-        if task.cancelled():
-            return
-        if task.exception() is not None:
-            # Renewal after a long wait, or a lost session: a fresh session asks again.
-            self._reset()
-            return
-        # The previous sleeper's session ended: producers may have skipped the NOTIFY
-        # meanwhile, so sweep and go to sleep the sleeper's way.
-        self.role = "sleeper"
-        log.info("wakeup_sleeper_role_taken")
-        self._wake()
+        """Whether this relay is the table's sleeper (relay/pg/election.py)."""
+        undecided = self.election.role is None
+        try:
+            sleeper = await self.election.decide(conn)
+        except DB_ERRORS as exc:
+            self._lost(f"taking the sleeper role failed: {exc}")
+            return False
+        if undecided:
+            self.supervisor.ok()  # a waiter runs no other statement on this session
+        return sleeper
 
     async def mark_awake(self) -> None:
         """Release the lock without waiting: holding it a little longer only costs a few
@@ -237,7 +221,7 @@ class LockGate:
         asleep and notify, instead of skipping the NOTIFY for a relay that cannot act on it
         (the other replicas would only have seen new rows at their poll interval). The next
         prepare_sleep, once the broker is back, joins again."""
-        if self._conn is None and self._role_wait is None:
+        if self._conn is None and not self.election.waiting:
             return
         was_sleeper = self.role == "sleeper"
         acquire, self._acquire = self._acquire, None
@@ -265,14 +249,13 @@ class LockGate:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             conn.terminate()
-        pending = [t for t in (self._acquire, self._release, self._role_wait) if t is not None]
-        self._role_wait = None
+        self.election.forget()
+        pending = [t for t in (self._acquire, self._release) if t is not None]
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._acquire = self._release = None
         self.held = False
-        self.role = None
 
     async def _unlock(self) -> None:
         conn = self._conn
@@ -300,9 +283,6 @@ class LockGate:
             return None
         conn.add_termination_listener(self._on_terminated)
         self._conn = conn
-        if self._outage:
-            log.info("wakeup_connection_restored")
-            self._outage = False
         return conn
 
     def _on_terminated(self, conn: Any) -> None:
@@ -315,22 +295,15 @@ class LockGate:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             conn.terminate()
-        waiting, self._role_wait = self._role_wait, None
-        if waiting is not None:
-            waiting.cancel()
-        was_sleeper = self.held or self.role == "sleeper"
-        self.held, self.mode, self.role = False, None, None
+        was_sleeper = self.election.forget() or self.held
+        self.held, self.mode = False, None
         return was_sleeper
 
     def _lost(self, error: str) -> None:
         """The locks are gone with the connection: producers may stop notifying, so the
         worker must sweep and poll until the session is back."""
         was_sleeper = self._reset()
-        if self._delays is None:
-            self._delays = self._backoff.delays()
-        self._retry_at = time.monotonic() + next(self._delays)
-        if not self._outage:
-            log.warning("wakeup_connection_lost", error=error)
-            self._outage = True
+        self.supervisor.failed(error)  # logged once per outage, and once on recovery
+        self._retry_at = time.monotonic() + self.supervisor.next_delay_s()
         if was_sleeper:
             self._wake()

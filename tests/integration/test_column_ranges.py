@@ -9,6 +9,7 @@ import time
 
 import asyncpg
 
+from relay.supervise import DOWN_EVENTS as CONNECTION_DOWN_EVENTS
 from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
 
 
@@ -98,7 +99,8 @@ async def test_available_at_infinity__an_idle_relay_stays_idle_and_later_rows_fl
         assert await conn.fetchval("SELECT count(*) FROM queue_message WHERE id = $1", never) == 1
     finally:
         await conn.close()
-    assert not [e for e in relay.log_events() if e.get("event") == "wakeup_connection_lost"]
+    assert not [e for e in relay.log_events()
+                if e.get("connection") == "wakeup" and e.get("event") in CONNECTION_DOWN_EVENTS]
     assert relay.alive()
 
 

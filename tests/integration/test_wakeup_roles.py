@@ -137,3 +137,53 @@ async def test_sleeper_that_cannot_publish__hands_the_role_over_and_rows_flow_at
     finally:
         await proxy.close()
         await conn.close()
+
+
+def _healthz_connection(port: int, name: str) -> dict[str, object]:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        state: dict[str, object] = json.loads(response.read())["connections"].get(name) or {}
+    return state
+
+
+async def test_sleeper_session_lost__shown_in_healthz_logged_once_and_taken_again(
+    env: Env, start_relay
+) -> None:
+    """The gate's session is supervised like every other: its outage reaches /healthz and the
+    log (connection_lost / connection_restored, connection=wakeup), and the relay takes the
+    sleeper role again on a new session."""
+    from tests.proxy import free_port
+
+    conn = await asyncpg.connect(env.pg_dsn)
+    await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+    port = free_port()
+    relay = start_relay(poll_interval_s=POLL_S, http_port=port)
+    try:
+        await wait_until(lambda: _holder_is(env.pg_dsn, relay.pid), timeout_s=10,
+                         what="the relay holding the sleeper role")
+        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
+        state = await asyncio.to_thread(_healthz_connection, port, "wakeup")
+        assert state["state"] == "up", state
+        assert state["outages"] == 0, state
+        killed = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name LIKE 'outbox-relay wakeup %'")
+        assert killed == 1
+
+        async def restored() -> bool:
+            now = await asyncio.to_thread(_healthz_connection, port, "wakeup")
+            return now.get("state") == "up" and now.get("outages") == 1
+
+        await wait_until(restored, timeout_s=15, what="/healthz: wakeup up again after 1 outage")
+        await wait_until(lambda: _holder_is(env.pg_dsn, relay.pid), timeout_s=10,
+                         what="the sleeper role taken again on the new session")
+        events = [e.get("event") for e in relay.log_events() if e.get("connection") == "wakeup"]
+        assert events == ["connection_lost", "connection_restored"], events
+        row_id = await conn.fetchval(INSERT, env.exchange)
+        await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5,
+                         what="a row after the new session, before any poll")
+        assert relay.alive()
+    finally:
+        await conn.close()
