@@ -21,6 +21,7 @@ import pytest
 
 from relay.pg.connection import connect_args
 from relay.settings import Settings
+from tests.chaos.flow import chaos_flow
 from tests.chaos.harness import (
     Relays,
     RobustConsumer,
@@ -35,7 +36,6 @@ from tests.chaos.harness import (
     via_proxy,
 )
 from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
-from tests.chaos.producer import ProducerProcess
 from tests.helpers import Env, RelayProcess, count_rows, wait_until
 
 pytestmark = pytest.mark.chaos
@@ -209,30 +209,14 @@ async def _flow(env: Env, tmp_path: Path, **overrides: object
     """One relay draining a backlog plus a producer process; after the block (the fault and
     the link's return), every row arrived exactly as a set, duplicates within the rows in
     flight, nothing dead-lettered, and the relay stops cleanly."""
-    backlog = fresh_ids(BACKLOG)
-    await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, backlog)
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
-    probe = LockProbe(env.pg_dsn)
-    producer = ProducerProcess(env.pg_dsn, env.exchange, env.routing_key, tmp_path / "ids",
-                               rate=RATE, chunk=50)
-    tally = FaultTally("black hole")
-    try:
-        with relays(env, tmp_path, reconnect_max_s=2, poll_interval_s=1, **overrides) as group:
-            relay = group.start()
-            await wait_until(lambda: '"relay_started"' in relay.log_text(), what="start")
-            await producer.start()
-            yield group, relay, probe, tally
-            ids = backlog + await producer.stop()
-            await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
-            await assert_drained(env.pg_dsn)
-            outcome = report("black hole", ids, consumer)
-            print(f"[chaos] black hole: {tally.summary()}")
-            assert tally.in_flight == tally.faults == 1, tally.summary()
-            assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
-            assert await count_rows(env.pg_dsn, "queue_message_dead") == 0
-            assert relay.alive()
-            assert await stop_relay(relay) == 0
-    finally:
-        producer.kill()
-        await probe.close()
-        await consumer.stop()
+    async with chaos_flow(env, tmp_path, "black hole", backlog=BACKLOG, rate=RATE,
+                          reconnect_max_s=2, poll_interval_s=1, **overrides) as flow:
+        relay = flow.group.start()
+        await wait_until(lambda: '"relay_started"' in relay.log_text(), what="start")
+        await flow.start_producer()
+        yield flow.group, relay, flow.probe, flow.tally
+        await flow.settle("black hole", in_flight=1)
+        assert flow.tally.faults == 1, flow.tally.summary()
+        assert await count_rows(env.pg_dsn, "queue_message_dead") == 0
+        assert relay.alive()
+        assert await stop_relay(relay) == 0

@@ -10,17 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import (
-    RobustConsumer,
-    assert_drained,
-    assert_exactly_delivered,
-    fresh_ids,
-    insert_with_ids,
-    relays,
-    report,
-)
-from tests.chaos.inflight import FaultTally, Held, LockProbe, caught_holding_rows
-from tests.chaos.producer import ProducerProcess
+from tests.chaos.flow import chaos_flow
+from tests.chaos.inflight import Held, LockProbe, caught_holding_rows
 from tests.helpers import Env, RelayProcess, wait_until
 
 pytestmark = pytest.mark.chaos
@@ -46,33 +37,15 @@ async def kill_mid_batch(victim: RelayProcess, probe: LockProbe) -> Held:
 async def test_kill9__replicas_killed_holding_rows_lose_nothing_and_duplicate_at_most_those_rows(
     env: Env, tmp_path: Path
 ) -> None:
-    backlog = fresh_ids(BACKLOG)
-    await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, backlog)
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
-    probe = LockProbe(env.pg_dsn)
-    producer = ProducerProcess(env.pg_dsn, env.exchange, env.routing_key, tmp_path / "ids",
-                               rate=RATE, chunk=50)
-    tally = FaultTally("kill -9")
-    try:
-        with relays(env, tmp_path) as group:
-            replicas = [group.start(), group.start()]
-            await producer.start()
-            for k in range(KILLS):
-                tally.record(await kill_mid_batch(replicas[k % 2], probe))
-                replicas[k % 2] = group.start()
-            ids = backlog + await producer.stop()
-            await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
-            await assert_drained(env.pg_dsn)
-            outcome = report(f"kill -9 x{KILLS}", ids, consumer)
-            print(f"[chaos] kill -9: {tally.summary()}")
-            assert tally.in_flight == KILLS, tally.summary()
-            assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
-            assert all(p.alive() for p in replicas)
-            # A process still importing has no SIGTERM handler yet: let it finish starting.
-            for p in replicas:
-                await wait_until(lambda p=p: '"relay_started"' in p.log_text(), what="start")
-            assert [p.terminate() for p in replicas] == [0, 0]
-    finally:
-        producer.kill()
-        await probe.close()
-        await consumer.stop()
+    async with chaos_flow(env, tmp_path, "kill -9", backlog=BACKLOG, rate=RATE) as flow:
+        replicas = [flow.group.start(), flow.group.start()]
+        await flow.start_producer()
+        for k in range(KILLS):
+            flow.tally.record(await kill_mid_batch(replicas[k % 2], flow.probe))
+            replicas[k % 2] = flow.group.start()
+        await flow.settle(f"kill -9 x{KILLS}", in_flight=KILLS)
+        assert all(p.alive() for p in replicas)
+        # A process still importing has no SIGTERM handler yet: let it finish starting.
+        for p in replicas:
+            await wait_until(lambda p=p: '"relay_started"' in p.log_text(), what="start")
+        assert [p.terminate() for p in replicas] == [0, 0]

@@ -11,20 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import (
-    RobustConsumer,
-    assert_drained,
-    assert_exactly_delivered,
-    fresh_ids,
-    insert_with_ids,
-    proxy_for,
-    relays,
-    report,
-    stop_relay,
-    via_proxy,
-)
-from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
-from tests.chaos.producer import ProducerProcess
+from tests.chaos.flow import chaos_flow
+from tests.chaos.harness import proxy_for, stop_relay, via_proxy
+from tests.chaos.inflight import LockProbe, caught_holding_rows
 from tests.helpers import Env, RelayProcess, count_rows, wait_until
 from tests.proxy import TcpProxy
 
@@ -47,42 +36,26 @@ async def test_network_cut__link_reset_mid_batch_loses_nothing(
     proxy = await proxy_for(url)
     via = {"pg_dsn": via_proxy(env.pg_dsn, proxy.port)} if server == "postgres" else {
         "amqp_url": via_proxy(env.amqp_url, proxy.port)}
-    backlog = fresh_ids(BACKLOG)
-    await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, backlog)
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
-    probe = LockProbe(env.pg_dsn)
-    # The producer talks to PostgreSQL directly: rows keep arriving during the cut.
-    producer = ProducerProcess(env.pg_dsn, env.exchange, env.routing_key, tmp_path / "ids",
-                               rate=RATE, chunk=50)
-    tally = FaultTally("network cut")
     try:
-        with relays(env, tmp_path, reconnect_max_s=2, poll_interval_s=1, **via) as group:
-            relay = group.start()
+        # The producer talks to PostgreSQL directly: rows keep arriving during the cut.
+        async with chaos_flow(env, tmp_path, f"network cut ({server})", backlog=BACKLOG,
+                              rate=RATE, reconnect_max_s=2, poll_interval_s=1, **via) as flow:
+            relay = flow.group.start()
             await wait_until(lambda: '"relay_started"' in relay.log_text(), what="start")
-            await producer.start()
-            async with caught_holding_rows([relay], probe) as held:
+            await flow.start_producer()
+            async with caught_holding_rows([relay], flow.probe) as held:
                 await proxy.cut()
-            tally.record(held)
+            flow.tally.record(held)
             if server == "postgres":
-                lost, back = await _database_outage(group, proxy)
+                lost, back = await _database_outage(flow.group, proxy)
             else:
-                lost, back = await _broker_outage(group, proxy, relay, probe, env)
-
-            ids = backlog + await producer.stop()
-            await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
-            await assert_drained(env.pg_dsn)
-            outcome = report(f"network cut ({server})", ids, consumer)
-            print(f"[chaos] network cut ({server}): {tally.summary()}")
-            assert tally.in_flight == 1, tally.summary()
-            assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
+                lost, back = await _broker_outage(flow.group, proxy, relay, flow.probe, env)
+            await flow.settle(f"network cut ({server})", in_flight=1)
             assert relay.alive()
             assert (len(lost()), len(back())) == (1, 1), "the outage logged once"
             # The proxy runs on this event loop: wait for the exit without blocking it.
             assert await stop_relay(relay) == 0
     finally:
-        producer.kill()
-        await probe.close()
-        await consumer.stop()
         await proxy.close()
 
 

@@ -12,15 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.chaos.harness import (
-    RobustConsumer,
-    assert_drained,
-    assert_exactly_delivered,
-    fresh_ids,
-    insert_with_ids,
-    relays,
-    report,
-)
+from tests.chaos.flow import chaos_flow
 from tests.chaos.inflight import FaultTally, Held, LockProbe, caught_holding_rows
 from tests.chaos.pgcluster import PrivateCluster
 from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, wait_until
@@ -62,33 +54,20 @@ async def test_postgres_restart__mid_batch_loses_nothing_and_rolls_back_what_was
     # `relay migrate` as users run it: the default notify mode.
     await asyncio.to_thread(subprocess.run, [RELAY_BIN, "migrate"], env=env.relay_env(),
                             check=True, capture_output=True, timeout=60)
-    ids = fresh_ids(BACKLOG)
-    await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids)
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
-    probe = LockProbe(env.pg_dsn)
-    tally = FaultTally("postgres restart")
-    try:
-        with relays(env, tmp_path, reconnect_max_s=2, batch_size=200, concurrency=2) as group:
-            procs = [group.start() for _ in range(REPLICAS)]
-            for p in procs:  # a relay still starting exits when PostgreSQL is away
-                await wait_until(lambda p=p: '"relay_started"' in p.log_text(), what="start")
-            held, left = await _restart_mid_batch(private_pg, procs, probe, env.pg_dsn)
-            tally.record(held)
-            await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
-            await assert_drained(env.pg_dsn)
-            outcome = report("postgres restart", ids, consumer)
-            print(f"[chaos] postgres restart: {tally.summary()} rows_left={left}")
-            assert tally.in_flight == 1, tally.summary()
-            assert left > held.rows, "the backlog was still draining"
-            assert await _statuses(env.pg_dsn, tally) == {"aborted"}, "batches rolled back"
-            assert_exactly_delivered(ids, consumer, outcome, tally.rows_in_flight)
-            assert all(p.alive() for p in procs)
-            assert [p.terminate() for p in procs] == [0] * REPLICAS
-            for p in procs:
-                _assert_outage_logged_once(p)
-    finally:
-        await probe.close()
-        await consumer.stop()
+    async with chaos_flow(env, tmp_path, "postgres restart", backlog=BACKLOG,
+                          reconnect_max_s=2, batch_size=200, concurrency=2) as flow:
+        procs = [flow.group.start() for _ in range(REPLICAS)]
+        for p in procs:  # a relay still starting exits when PostgreSQL is away
+            await wait_until(lambda p=p: '"relay_started"' in p.log_text(), what="start")
+        held, left = await _restart_mid_batch(private_pg, procs, flow.probe, env.pg_dsn)
+        flow.tally.record(held)
+        await flow.settle("postgres restart", in_flight=1, note=f" rows_left={left}")
+        assert left > held.rows, "the backlog was still draining"
+        assert await _statuses(env.pg_dsn, flow.tally) == {"aborted"}, "batches rolled back"
+        assert all(p.alive() for p in procs)
+        assert [p.terminate() for p in procs] == [0] * REPLICAS
+        for p in procs:
+            _assert_outage_logged_once(p)
 
 
 def _assert_outage_logged_once(relay: RelayProcess) -> None:
