@@ -1,4 +1,5 @@
-"""The one in-memory store and publisher the unit tests drive the loop with (no servers).
+"""The one in-memory store, publisher and wake-up gate base the unit tests drive the loop
+with (no servers).
 
 FakeStore keeps rows in a list, locks what a claim takes, and applies a settlement only when
 the claim commits (a claim left without commit() rolls back, as in PostgreSQL). FakePublisher
@@ -25,6 +26,7 @@ from relay.interfaces import (
     Reason,
     Settlement,
 )
+from relay.loop.sleep import SleepPlan, keep_sweeping
 from relay.options import Properties
 
 
@@ -154,3 +156,28 @@ class FakePublisher:
                 result.confirmed.append(m.id)
                 self.published.append(m.id)
         return result
+
+
+class FakeGate:
+    """A WakeupGate for worker tests: subclass it, define prepare_sleep (and mark_awake to
+    record the order of calls); `cap_s` caps each sleep (None: the worker's poll interval)."""
+
+    cap_s: float | None = None
+
+    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
+        return SleepPlan(due_known=True)
+
+    async def mark_awake(self) -> None:
+        pass
+
+    async def step_down(self) -> None:
+        pass
+
+    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
+        return keep_sweeping(rows_this_wakeup)
+
+    def sleep_cap_s(self) -> float | None:
+        return self.cap_s
+
+    async def close(self) -> None:
+        pass

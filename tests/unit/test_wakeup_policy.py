@@ -8,10 +8,11 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from relay.loop.sleep import BUSY_DRAIN_ROWS, SleepPlan, keep_sweeping
+from relay.loop.sleep import BUSY_DRAIN_ROWS, SleepPlan
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-from tests.unit.test_worker_wakeup import FakePublisher, FakeStore, row
+from tests.unit.kit import FakeGate, FakePublisher, FakeStore
+from tests.unit.test_worker_wakeup import row
 
 
 @dataclass
@@ -24,7 +25,7 @@ class CountingStore(FakeStore):
 
 
 @dataclass
-class RecordingGate:
+class RecordingGate(FakeGate):
     """Answers every prepare_sleep with `plans` in turn (then the last one), recording the
     order of calls against the store's claims."""
 
@@ -37,20 +38,8 @@ class RecordingGate:
         self.events.append(f"prepare_sleep found={found_rows} claims={self.store.claims}")
         return self.plans.pop(0) if len(self.plans) > 1 else self.plans[0]
 
-    async def step_down(self) -> None:
-        pass
-
     async def mark_awake(self) -> None:
         self.events.append(f"mark_awake claims={self.store.claims}")
-
-    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
-        return keep_sweeping(rows_this_wakeup)
-
-    def sleep_cap_s(self) -> float | None:
-        return self.cap_s
-
-    async def close(self) -> None:
-        pass
 
 
 async def _run_until(worker: Worker, predicate: Callable[[], bool], what: str) -> None:

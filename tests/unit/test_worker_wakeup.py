@@ -7,10 +7,10 @@ import asyncio
 from dataclasses import dataclass, field
 
 from relay.interfaces import OutboxRow
-from relay.loop.sleep import SleepPlan, keep_sweeping
+from relay.loop.sleep import SleepPlan
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-from tests.unit.kit import FakePublisher, FakeStore
+from tests.unit.kit import FakeGate, FakePublisher, FakeStore
 
 
 def row(n: int) -> OutboxRow:
@@ -18,7 +18,7 @@ def row(n: int) -> OutboxRow:
 
 
 @dataclass
-class LateProducerGate:
+class LateProducerGate(FakeGate):
     """Like the lock gate when a producer that skipped the NOTIFY commits just before the
     lock is granted: its row appears during prepare_sleep, and no NOTIFY will come."""
 
@@ -33,20 +33,8 @@ class LateProducerGate:
             return SleepPlan(stay_awake=True, due_known=True)
         return SleepPlan(due_known=True)
 
-    async def step_down(self) -> None:
-        pass
-
     async def mark_awake(self) -> None:
         self.calls.append(("mark_awake", False))
-
-    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
-        return keep_sweeping(rows_this_wakeup)
-
-    def sleep_cap_s(self) -> float | None:
-        return self.cap_s
-
-    async def close(self) -> None:
-        pass
 
 
 async def test_worker__final_sweep_after_gate_registers_sleep_finds_late_rows() -> None:
