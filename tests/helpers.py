@@ -211,8 +211,49 @@ async def insert_rows(
 
 async def count_rows(dsn: str, table: str = "queue_message") -> int:
     """Rows left in a table."""
+    return int(await pg_fetchval(dsn, f"SELECT count(*) FROM {table}"))
+
+
+# One statement on a connection of its own, for a test that reads or changes the database
+# once (a session kept across statements, or a transaction, opens its own connection).
+
+async def pg_fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    """Every row of one statement."""
     conn = await asyncpg.connect(dsn)
     try:
-        return int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
+        return list(await conn.fetch(sql, *args))
     finally:
         await conn.close()
+
+
+async def pg_fetchrow(dsn: str, sql: str, *args: Any) -> asyncpg.Record | None:
+    """The first row of one statement (None: no row)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchrow(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def pg_fetchval(dsn: str, sql: str, *args: Any) -> Any:
+    """The first column of the first row of one statement."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def pg_execute(dsn: str, sql: str, *args: Any) -> str:
+    """Run one statement (or, without arguments, a script of several); its status."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return str(await conn.execute(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def dead_reasons(dsn: str, table: str = "queue_message_dead") -> dict[str, str]:
+    """Dead letters by row id: their reason."""
+    return {r["id"]: r["reason"]
+            for r in await pg_fetch(dsn, f"SELECT id::text AS id, reason FROM {table}")}

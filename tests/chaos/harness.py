@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
-from tests.helpers import Env, RelayProcess, count_rows, wait_until
+from tests.helpers import Env, RelayProcess, count_rows, pg_execute, wait_until
 from tests.proxy import TcpProxy
 
 QUIET_S = 5.0  # nothing arrives for this long while nothing is left anywhere: a loss
@@ -172,16 +172,12 @@ async def insert_with_ids(
     dsn: str, exchange: str, routing_key: str, ids: list[str], *, pad: int = 0
 ) -> None:
     """Insert rows with the given ids (classic columns), in one statement."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            "INSERT INTO queue_message (id, exchange, routing_key, content) "
-            "SELECT i, $1, $2, jsonb_build_object('id', i::text, 'pad', repeat('x', $4)) "
-            "FROM unnest($3::uuid[]) AS i",
-            exchange, routing_key, ids, pad,
-        )
-    finally:
-        await conn.close()
+    await pg_execute(
+        dsn, "INSERT INTO queue_message (id, exchange, routing_key, content) "
+        "SELECT i, $1, $2, jsonb_build_object('id', i::text, 'pad', repeat('x', $4)) "
+        "FROM unnest($3::uuid[]) AS i",
+        exchange, routing_key, ids, pad,
+    )
 
 
 async def produce(

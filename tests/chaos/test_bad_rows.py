@@ -18,7 +18,7 @@ from tests.chaos.harness import (
     relays,
     report,
 )
-from tests.helpers import Env, wait_until
+from tests.helpers import Env, dead_reasons, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -80,7 +80,7 @@ async def test_bad_rows__dead_lettered_with_reasons_while_good_rows_flow_exactly
             assert_exactly_delivered(good_ids, consumer, outcome, 0)
             assert outcome.duplicates == 0
 
-            dead = await _dead_reasons(env.pg_dsn)
+            dead = await dead_reasons(env.pg_dsn)
             assert set(dead) == set(expected)
             wrong = {kind: dead[rid] for rid, (kind, part) in expected.items()
                      if part not in dead[rid]}
@@ -92,12 +92,3 @@ async def test_bad_rows__dead_lettered_with_reasons_while_good_rows_flow_exactly
             assert relay.terminate() == 0
     finally:
         await consumer.stop()
-
-
-async def _dead_reasons(dsn: str) -> dict[str, str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch("SELECT id::text, reason FROM queue_message_dead")
-    finally:
-        await conn.close()
-    return {r[0]: r[1] for r in rows}

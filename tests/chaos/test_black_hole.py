@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from relay.pg.connection import connect_args
@@ -36,7 +35,7 @@ from tests.chaos.harness import (
     via_proxy,
 )
 from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
-from tests.helpers import Env, RelayProcess, count_rows, wait_until
+from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, pg_fetchrow, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -125,12 +124,8 @@ async def test_black_hole_to_rabbitmq__batches_sent_into_it_time_out_and_are_del
 
 
 async def _outbox_errors(dsn: str) -> tuple[int, int]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        row = await conn.fetchrow(
-            "SELECT count(*), count(*) FILTER (WHERE last_error IS NOT NULL) FROM queue_message")
-    finally:
-        await conn.close()
+    row = await pg_fetchrow(
+        dsn, "SELECT count(*), count(*) FILTER (WHERE last_error IS NOT NULL) FROM queue_message")
     return int(row[0]), int(row[1])
 
 
@@ -192,14 +187,10 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
 
 async def _sessions(env: Env, relay_pid: int) -> list[dict[str, object]]:
     """State, wait event and query of this relay's sessions (for a failure message)."""
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        rows = await conn.fetch(
-            "SELECT split_part(application_name, ' ', 2) AS role, state, wait_event_type, "
-            "wait_event, left(query, 60) AS query FROM pg_stat_activity "
-            "WHERE application_name LIKE 'outbox-relay % ' || $1::text", str(relay_pid))
-    finally:
-        await conn.close()
+    rows = await pg_fetch(
+        env.pg_dsn, "SELECT split_part(application_name, ' ', 2) AS role, state, wait_event_type, "
+        "wait_event, left(query, 60) AS query FROM pg_stat_activity "
+        "WHERE application_name LIKE 'outbox-relay % ' || $1::text", str(relay_pid))
     return [dict(r) for r in rows]
 
 

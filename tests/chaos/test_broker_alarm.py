@@ -9,7 +9,6 @@ import secrets
 import time
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from tests.chaos.harness import (
@@ -21,7 +20,7 @@ from tests.chaos.harness import (
     stop_relay,
 )
 from tests.chaos.inflight import LockProbe
-from tests.helpers import Env, wait_until
+from tests.helpers import Env, pg_fetch, wait_until
 from tests.servers.rabbitmq_node import RabbitNode
 
 pytestmark = pytest.mark.chaos
@@ -73,9 +72,5 @@ async def test_memory_alarm__claims_nothing_and_counts_no_attempt_until_the_alar
 
 
 async def _attempts(dsn: str) -> list[int]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [r[0] for r in await conn.fetch(
-            "SELECT attempts FROM queue_message ORDER BY seq")]
-    finally:
-        await conn.close()
+    return [r[0] for r in await pg_fetch(
+        dsn, "SELECT attempts FROM queue_message ORDER BY seq")]

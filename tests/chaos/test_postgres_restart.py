@@ -9,13 +9,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from tests.chaos.flow import chaos_flow
 from tests.chaos.inflight import FaultTally, Held, LockProbe, caught_holding_rows
 from tests.chaos.pgcluster import PrivateCluster
-from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, wait_until
+from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, pg_fetch, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -83,10 +82,6 @@ def _assert_outage_logged_once(relay: RelayProcess) -> None:
 async def _statuses(dsn: str, tally: FaultTally) -> set[str]:
     """Commit status of every relay transaction sampled at a fault (a fresh cluster: epoch 0)."""
     xids = [x for held in tally.hits for x in held.rows_by_xid]
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch("SELECT pg_xact_status(x::xid8) FROM unnest($1::text[]) AS x",
-                                xids)
-    finally:
-        await conn.close()
+    rows = await pg_fetch(dsn, "SELECT pg_xact_status(x::xid8) FROM unnest($1::text[]) AS x",
+                            xids)
     return {r[0] for r in rows}

@@ -10,11 +10,10 @@ import json
 import time
 from urllib.parse import urlsplit
 
-import asyncpg
 import pytest
 
 from tests.chaos.harness import via_proxy
-from tests.helpers import Consumer, Env, count_rows, wait_until
+from tests.helpers import Consumer, Env, count_rows, pg_fetch, wait_until
 from tests.proxy import free_port
 
 pytestmark = pytest.mark.chaos
@@ -70,14 +69,10 @@ async def test_slow_link__late_confirms_leave_rows_untouched_never_parked_all_de
     parts = urlsplit(env.amqp_url)
     link = await _SlowLink((parts.hostname or "127.0.0.1", parts.port or 5672)).start()
     body = json.dumps({"pad": "p" * 4000})
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        ids = [r[0] for r in await conn.fetch(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT $1, $2, $3::jsonb FROM generate_series(1, 2000) RETURNING id::text",
-            env.exchange, env.routing_key, body)]
-    finally:
-        await conn.close()
+    ids = [r[0] for r in await pg_fetch(
+        env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content) "
+        "SELECT $1, $2, $3::jsonb FROM generate_series(1, 2000) RETURNING id::text",
+        env.exchange, env.routing_key, body)]
     try:
         # One attempt: a late confirm charged as an attempt would park the row at once.
         relay = start_relay(amqp_url=via_proxy(env.amqp_url, link.port), publish_timeout_s=2,

@@ -10,13 +10,12 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
-import asyncpg
 import pytest
 
 from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.interfaces import Message, PublishResult, Reason
 from relay.options import Properties
-from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
+from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_fetch, wait_until
 
 
 def _messages(
@@ -285,10 +284,6 @@ async def test_relay_run_with_bulk_publisher__deletes_delivered_rows_and_keeps_u
 
 
 async def _rows_left_are(dsn: str, ids: list[str]) -> bool:
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch("SELECT id::text, attempts, last_error FROM queue_message")
-    finally:
-        await conn.close()
+    rows = await pg_fetch(dsn, "SELECT id::text, attempts, last_error FROM queue_message")
     return (sorted(r["id"] for r in rows) == sorted(ids)
             and all(r["attempts"] == 1 and r["last_error"].startswith("unroutable") for r in rows))

@@ -7,22 +7,16 @@ import asyncio
 import json
 import time
 
-import asyncpg
-
 from relay.supervise import DOWN_EVENTS as CONNECTION_DOWN_EVENTS
-from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
+from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_fetch, pg_fetchval, wait_until
 
 
 async def _insert_with(env: Env, column: str, value: str, body: object,
                        exchange: str | None = None) -> str:
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        return str(await conn.fetchval(
-            f"INSERT INTO queue_message (exchange, routing_key, content, {column}) "
-            f"VALUES ($1, $2, $3::jsonb, $4::text::{_type(column)}) RETURNING id::text",
-            exchange or env.exchange, env.routing_key, json.dumps(body), value))
-    finally:
-        await conn.close()
+    return str(await pg_fetchval(
+        env.pg_dsn, f"INSERT INTO queue_message (exchange, routing_key, content, {column}) "
+        f"VALUES ($1, $2, $3::jsonb, $4::text::{_type(column)}) RETURNING id::text",
+        exchange or env.exchange, env.routing_key, json.dumps(body), value))
 
 
 def _type(column: str) -> str:
@@ -30,11 +24,7 @@ def _type(column: str) -> str:
 
 
 async def _dead(env: Env) -> dict[str, tuple[int, str]]:
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        rows = await conn.fetch("SELECT id::text, attempts, reason FROM queue_message_dead")
-    finally:
-        await conn.close()
+    rows = await pg_fetch(env.pg_dsn, "SELECT id::text, attempts, reason FROM queue_message_dead")
     return {r["id"]: (r["attempts"], r["reason"]) for r in rows}
 
 
@@ -67,13 +57,9 @@ async def _has_dead(env: Env, ids: set[str]) -> bool:
 
 
 async def _commits(env: Env) -> int:
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        return int(await conn.fetchval(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
-            "WHERE datname = current_database()"))
-    finally:
-        await conn.close()
+    return int(await pg_fetchval(
+        env.pg_dsn, "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+        "WHERE datname = current_database()"))
 
 
 async def test_available_at_infinity__an_idle_relay_stays_idle_and_later_rows_flow(
@@ -94,11 +80,8 @@ async def test_available_at_infinity__an_idle_relay_stays_idle_and_later_rows_fl
     later = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [2])
     await consumer.wait_for(2, timeout_s=5)
     assert sorted(consumer.ids()) == sorted(first + later)
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        assert await conn.fetchval("SELECT count(*) FROM queue_message WHERE id = $1", never) == 1
-    finally:
-        await conn.close()
+    assert await pg_fetchval(
+        env.pg_dsn, "SELECT count(*) FROM queue_message WHERE id = $1", never) == 1
     assert not [e for e in relay.log_events()
                 if e.get("connection") == "wakeup" and e.get("event") in CONNECTION_DOWN_EVENTS]
     assert relay.alive()

@@ -25,7 +25,7 @@ import pytest
 from relay.pg.migrate import migrate
 from relay.pg.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
 from relay.settings import NotifyMode
-from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, wait_until
+from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, pg_fetchval, wait_until
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 Q = Queries(NAMES)
@@ -121,11 +121,7 @@ async def notifications(cond_env: Env) -> AsyncIterator[NotifyCounter]:
 
 async def sleepers(dsn: str) -> int:
     """Relays asleep on the table (holding the wake-up lock)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        return int(await conn.fetchval(Q["wakeup_sleepers"]))
-    finally:
-        await conn.close()
+    return int(await pg_fetchval(dsn, Q["wakeup_sleepers"]))
 
 
 async def wait_sleepers(dsn: str, n: int, timeout_s: float = 30.0) -> float:

@@ -6,7 +6,7 @@ import subprocess
 
 import asyncpg
 
-from tests.helpers import RELAY_BIN, Env, count_rows, wait_until
+from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, wait_until
 
 DEAD = "queue_message_dead"
 
@@ -22,17 +22,13 @@ def relay(env: Env, *args: str, **settings: object) -> subprocess.CompletedProce
 async def add_dead_letters(dsn: str, n: int, *, exchange: str, reason: str = "r",
                            age: str = "0 s") -> None:
     """n dead letters, dead for `age` (an interval), publishable to `exchange`."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            f"INSERT INTO {DEAD} (id, seq, exchange, routing_key, content, created_at, "
-            "available_at, attempts, reason, dead_at) "
-            "SELECT gen_random_uuid(), g, $1, 'rk', '{}'::jsonb, now(), now(), 1, $2, "
-            "now() - $3::text::interval - make_interval(secs => g) "
-            "FROM generate_series(1, $4) AS g",
-            exchange, reason, age, n)
-    finally:
-        await conn.close()
+    await pg_execute(
+        dsn, f"INSERT INTO {DEAD} (id, seq, exchange, routing_key, content, created_at, "
+        "available_at, attempts, reason, dead_at) "
+        "SELECT gen_random_uuid(), g, $1, 'rk', '{}'::jsonb, now(), now(), 1, $2, "
+        "now() - $3::text::interval - make_interval(secs => g) "
+        "FROM generate_series(1, $4) AS g",
+        exchange, reason, age, n)
 
 
 async def test_dead_list__says_how_many_of_how_many_it_shows(env: Env) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, wait_until
+from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, pg_fetch, wait_until
 
 
 def _relay_cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
@@ -21,11 +21,7 @@ def _relay_cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def _fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return list(await conn.fetch(sql, *args))
-    finally:
-        await conn.close()
+    return list(await pg_fetch(dsn, sql, *args))
 
 
 async def test_on_success_archive__moves_published_rows_with_published_at(

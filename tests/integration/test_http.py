@@ -12,10 +12,9 @@ import subprocess
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, wait_until
+from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, pg_execute, wait_until
 from tests.proxy import TcpProxy, free_port
 
 
@@ -135,13 +134,9 @@ async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
 
 
 async def _age_rows(dsn: str, seconds: int) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            "UPDATE queue_message SET created_at = now() - make_interval(secs => $1)", seconds
-        )
-    finally:
-        await conn.close()
+    await pg_execute(
+        dsn, "UPDATE queue_message SET created_at = now() - make_interval(secs => $1)", seconds
+    )
 
 
 def _health_cli(env: dict[str, str], *args: str) -> int:

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 import yaml
 
-from tests.helpers import Consumer, Env, count_rows, wait_until
+from tests.helpers import Consumer, Env, count_rows, pg_execute, wait_until
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "deployment.yaml"
 
@@ -81,15 +81,11 @@ async def test_claims_of_every_kind__stop_at_the_byte_budget_and_keep_key_order(
     """The unkeyed claim, the keyed claim function and the single-active claim all stop once
     the rows taken reach RELAY_BATCH_MAX_BYTES (the first row always goes)."""
     body = '"' + "z" * (1024 * 1024 - 2) + '"'  # 1 MiB
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-            "SELECT $1, $2, jsonb_build_object('n', g, 'pad', $3::text), $4 "
-            "FROM generate_series(1, 12) g",
-            env.exchange, env.routing_key, body, "k" if keyed else None)
-    finally:
-        await conn.close()
+    await pg_execute(
+        env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+        "SELECT $1, $2, jsonb_build_object('n', g, 'pad', $3::text), $4 "
+        "FROM generate_series(1, 12) g",
+        env.exchange, env.routing_key, body, "k" if keyed else None)
     relay = start_relay(batch_max_bytes=int(2.5 * 1024 * 1024), mode=mode, log_level="debug",
                         leader_poll_interval_s=0.2)
     await consumer.wait_for(12, timeout_s=60)

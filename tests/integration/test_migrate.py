@@ -7,7 +7,7 @@ import subprocess
 
 import asyncpg
 
-from tests.helpers import RELAY_BIN, Env
+from tests.helpers import RELAY_BIN, Env, pg_fetchval
 
 
 def _env(pg_dsn: str, amqp_url: str) -> Env:
@@ -23,14 +23,10 @@ def relay(env: Env, *args: str, **settings: object) -> subprocess.CompletedProce
 
 
 async def _installed_mode(dsn: str) -> str:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return str(await conn.fetchval(
-            "SELECT COALESCE((SELECT substring(obj_description(t.oid, 'pg_trigger') "
-            "FROM 'notify mode: (\\w+)') FROM pg_trigger t "
-            "WHERE t.tgname = 'queue_message_notify'), 'off')"))
-    finally:
-        await conn.close()
+    return str(await pg_fetchval(
+        dsn, "SELECT COALESCE((SELECT substring(obj_description(t.oid, 'pg_trigger') "
+        "FROM 'notify mode: (\\w+)') FROM pg_trigger t "
+        "WHERE t.tgname = 'queue_message_notify'), 'off')"))
 
 
 async def test_migrate__keeps_the_installed_notify_mode_unless_relay_notify_is_given(
@@ -140,8 +136,4 @@ async def test_migrate_roles__a_bad_role_name_stops_it_before_anything_is_applie
     done = relay(_env(empty_db, amqp_url), "migrate", "--roles", "--producer-role", "bad name")
     assert done.returncode == 2
     assert "role name 'bad name'" in done.stderr
-    conn = await asyncpg.connect(empty_db)
-    try:
-        assert await conn.fetchval("SELECT to_regclass('queue_message')") is None
-    finally:
-        await conn.close()
+    assert await pg_fetchval(empty_db, "SELECT to_regclass('queue_message')") is None

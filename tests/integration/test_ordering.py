@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from relay.settings import Settings
-from tests.helpers import Env, RelayProcess, count_rows, wait_until
+from tests.helpers import Env, RelayProcess, count_rows, pg_fetchval, wait_until
 
 KEYS = 50
 VALUES_PER_KEY = 600  # 30,000 rows
@@ -180,11 +180,7 @@ async def _insert(dsn: str, rows: list[tuple[str, str, str | None]], exchange: s
 
 
 async def _fetch(dsn: str, sql: str, *args: Any) -> Any:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetchval(sql, *args)
-    finally:
-        await conn.close()
+    return await pg_fetchval(dsn, sql, *args)
 
 
 async def _failing_head_setup(env: Env, consumer: Any) -> tuple[str, list[str]]:

@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 
-from tests.helpers import RELAY_BIN, Consumer, Env, RelayProcess, insert_rows, wait_until
+from tests.helpers import (
+    RELAY_BIN,
+    Consumer,
+    Env,
+    RelayProcess,
+    insert_rows,
+    pg_fetchval,
+    wait_until,
+)
 from tests.proxy import TcpProxy, free_port
 
 EXIT_GAVE_UP = 75
@@ -138,11 +145,7 @@ async def test_migrate__waits_for_a_database_that_comes_up_later(
         migrate.kill()
         if proxy is not None:
             await proxy.close()
-    conn = await asyncpg.connect(empty_db)
-    try:
-        assert await conn.fetchval("SELECT to_regclass('queue_message') IS NOT NULL")
-    finally:
-        await conn.close()
+    assert await pg_fetchval(empty_db, "SELECT to_regclass('queue_message') IS NOT NULL")
 
 
 async def test_run__sigterm_while_waiting_for_a_server_exits_0(

@@ -8,7 +8,15 @@ from typing import Any
 
 import asyncpg
 
-from tests.helpers import Consumer, Env, count_rows, wait_until
+from tests.helpers import (
+    Consumer,
+    Env,
+    count_rows,
+    dead_reasons,
+    pg_fetchrow,
+    pg_fetchval,
+    wait_until,
+)
 
 
 async def _insert(env: Env, rows: list[tuple[str, str, Any, dict[str, Any] | None]]) -> list[str]:
@@ -26,16 +34,6 @@ async def _insert(env: Env, rows: list[tuple[str, str, Any, dict[str, Any] | Non
         return ids
     finally:
         await conn.close()
-
-
-async def dead_reasons(dsn: str) -> dict[str, str]:
-    """Dead letters by row id: their reason."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch("SELECT id::text, reason FROM queue_message_dead")
-    finally:
-        await conn.close()
-    return {r["id"]: r["reason"] for r in rows}
 
 
 def _good(env: Env, n: int, tag: str) -> list[tuple[str, str, Any, None]]:
@@ -60,14 +58,10 @@ async def test_millisecond_timestamp__is_converted_and_delivered_not_a_stuck_tab
 async def test_message_id_equal_to_the_row_id__delivered_without_a_reconnect(
     env: Env, consumer: Consumer, start_relay
 ) -> None:
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        row_id = await conn.fetchval(
-            "INSERT INTO queue_message (id, exchange, routing_key, content, options) "
-            "SELECT g, $1, $2, '{\"own\": 1}', jsonb_build_object('messageId', g::text) "
-            "FROM gen_random_uuid() AS g RETURNING id::text", env.exchange, env.routing_key)
-    finally:
-        await conn.close()
+    row_id = await pg_fetchval(
+        env.pg_dsn, "INSERT INTO queue_message (id, exchange, routing_key, content, options) "
+        "SELECT g, $1, $2, '{\"own\": 1}', jsonb_build_object('messageId', g::text) "
+        "FROM gen_random_uuid() AS g RETURNING id::text", env.exchange, env.routing_key)
     good = await _insert(env, _good(env, 5, "g"))
     relay = start_relay()
     await consumer.wait_for(6)
@@ -102,12 +96,8 @@ async def test_forged_outbox_header_on_an_unroutable_row__is_held_not_deleted_as
     relay = start_relay(retry_base_s=60)
     await consumer.wait_for(3)
     await wait_until(lambda: _attempted(env, forged), what="the unroutable row retried")
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        row = await conn.fetchrow("SELECT attempts, last_error FROM queue_message WHERE id = $1",
-                                  forged)
-    finally:
-        await conn.close()
+    row = await pg_fetchrow(
+        env.pg_dsn, "SELECT attempts, last_error FROM queue_message WHERE id = $1", forged)
     assert row is not None, "the unroutable row was deleted as published: the message is lost"
     assert row["attempts"] == 1
     assert row["last_error"].startswith("unroutable:")
@@ -124,12 +114,8 @@ async def _dead_has(env: Env, row_id: str) -> bool:
 
 
 async def _attempted(env: Env, row_id: str) -> bool:
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        return bool(await conn.fetchval(
-            "SELECT attempts > 0 FROM queue_message WHERE id = $1", row_id))
-    finally:
-        await conn.close()
+    return bool(await pg_fetchval(
+        env.pg_dsn, "SELECT attempts > 0 FROM queue_message WHERE id = $1", row_id))
 
 
 def _connections_opened(events: list[dict[str, Any]]) -> int:

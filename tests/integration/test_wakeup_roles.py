@@ -13,7 +13,7 @@ import asyncpg
 from relay.pg.migrate import migrate
 from relay.pg.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
 from relay.settings import NotifyMode
-from tests.helpers import Env, wait_until
+from tests.helpers import Env, pg_fetch, pg_fetchval, wait_until
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 POLL_S = 30  # a missed wake-up would wait this long
@@ -29,28 +29,16 @@ INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1
 
 
 async def _holders(dsn: str) -> list[int]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [r["relay_pid"] for r in await conn.fetch(ROLE_HOLDERS)]
-    finally:
-        await conn.close()
+    return [r["relay_pid"] for r in await pg_fetch(dsn, ROLE_HOLDERS)]
 
 
 async def _sleepers(dsn: str) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return int(await conn.fetchval(Queries(NAMES)["wakeup_sleepers"]))
-    finally:
-        await conn.close()
+    return int(await pg_fetchval(dsn, Queries(NAMES)["wakeup_sleepers"]))
 
 
 async def _delivered(dsn: str, row_id: str) -> bool:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM queue_message "
-                                       "WHERE id = $1::uuid)", row_id)
-    finally:
-        await conn.close()
+    return not await pg_fetchval(dsn, "SELECT EXISTS (SELECT 1 FROM queue_message "
+                                   "WHERE id = $1::uuid)", row_id)
 
 
 async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_killed(

@@ -23,8 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from relay.interfaces import Reason
-from tests.helpers import Consumer, Env, count_rows, wait_until
-from tests.integration.test_verdicts import dead_reasons
+from tests.helpers import Consumer, Env, count_rows, dead_reasons, wait_until
 
 EXAMPLES = 300
 ROW = tuple[str, str | None, str | None, Any, Any, dict[str, Any]]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
 import pytest
 
 from relay.errors import ConfigError
 from relay.spark import OutboxColumnError, python_outbox_id, write_outbox
+from tests.helpers import pg_fetch
 
 pytestmark = pytest.mark.spark
 
@@ -26,11 +26,7 @@ def orders(spark: Any, n: int, *, partitions: int = 4) -> Any:
 
 
 async def fetch(dsn: str, sql: str) -> list[Any]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return list(await conn.fetch(sql))
-    finally:
-        await conn.close()
+    return list(await pg_fetch(dsn, sql))
 
 
 @pytest.mark.parametrize("mode", ["staged", "copy"])

@@ -15,6 +15,7 @@ from relay.errors import ConfigError
 from relay.pg.queries import TableNames
 from relay.pg.roles import apply_roles
 from relay.spark import cleanup_staging, python_outbox_id, write_outbox
+from tests.helpers import pg_fetch, pg_fetchval
 
 pytestmark = pytest.mark.spark
 
@@ -67,11 +68,7 @@ async def test_spark_role__idempotent_modes_write_and_skip_a_rerun(
 
     assert staged.inserted == 300
     assert copy.inserted == 0  # the same ids, already there
-    conn = await asyncpg.connect(db)
-    try:
-        ids = {r[0] for r in await conn.fetch("SELECT id::text FROM queue_message")}
-    finally:
-        await conn.close()
+    ids = {r[0] for r in await pg_fetch(db, "SELECT id::text FROM queue_message")}
     assert ids == {str(python_outbox_id(n)) for n in range(300)}
 
 
@@ -80,11 +77,7 @@ async def test_spark_role__append_is_refused_before_writing_for_lack_of_select(
 ) -> None:
     with pytest.raises(ConfigError, match="append mode needs SELECT"):
         write_outbox(frame(spark, 10), dsn=spark_login, mode="append", key=["order_id"])
-    conn = await asyncpg.connect(db)
-    try:
-        assert await conn.fetchval("SELECT count(*) FROM queue_message") == 0
-    finally:
-        await conn.close()
+    assert await pg_fetchval(db, "SELECT count(*) FROM queue_message") == 0
 
 
 async def test_spark_role__cannot_read_content_or_change_rows(

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
 from relay.errors import ConfigError
 from relay.spark import foreach_batch_writer, python_outbox_id
+from tests.helpers import pg_fetch
 
 pytestmark = pytest.mark.spark
 
@@ -60,11 +60,7 @@ async def test_foreach_batch_writer__replayed_micro_batch_writes_nothing_new(
     replayed = run_until_caught_up(spark, source, checkpoint, db)
 
     assert replayed == [0, 1]  # batch 0 again (same files), then the new file
-    conn = await asyncpg.connect(db)
-    try:
-        ids = [r[0] for r in await conn.fetch("SELECT id::text FROM queue_message")]
-    finally:
-        await conn.close()
+    ids = [r[0] for r in await pg_fetch(db, "SELECT id::text FROM queue_message")]
     assert len(ids) == 600
     assert set(ids) == {str(python_outbox_id("order.paid", n)) for n in range(600)}
 

@@ -25,7 +25,7 @@ from relay.spark import (
     python_outbox_id,
     write_outbox,
 )
-from tests.helpers import Consumer, Env, count_rows, wait_until
+from tests.helpers import Consumer, Env, count_rows, pg_fetch, pg_fetchrow, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -66,20 +66,12 @@ def failing_on(
 
 
 async def ids_in(dsn: str) -> list[str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [r[0] for r in await conn.fetch("SELECT id::text FROM queue_message")]
-    finally:
-        await conn.close()
+    return [r[0] for r in await pg_fetch(dsn, "SELECT id::text FROM queue_message")]
 
 
 async def stage_tables(dsn: str) -> list[str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [r[0] for r in await conn.fetch(
-            "SELECT relname::text FROM pg_class WHERE relname LIKE 'relay\\_stage\\_%'")]
-    finally:
-        await conn.close()
+    return [r[0] for r in await pg_fetch(
+        dsn, "SELECT relname::text FROM pg_class WHERE relname LIKE 'relay\\_stage\\_%'")]
 
 
 @pytest.mark.parametrize("mode", [m.value for m in WriteMode])
@@ -254,10 +246,6 @@ async def test_write_outbox__string_json_and_options_reach_the_table_as_jsonb(
 
     write_outbox(df, dsn=db, mode="copy", ids="random")
 
-    conn = await asyncpg.connect(db)
-    try:
-        row = await conn.fetchrow("SELECT jsonb_typeof(content) AS t, content->'a' AS a, "
-                                  "options->>'contentType' AS ct FROM queue_message")
-    finally:
-        await conn.close()
+    row = await pg_fetchrow(db, "SELECT jsonb_typeof(content) AS t, content->'a' AS a, "
+                              "options->>'contentType' AS ct FROM queue_message")
     assert (row["t"], json.loads(row["a"]), row["ct"]) == ("object", [1, 2], "application/json")
