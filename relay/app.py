@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -244,6 +245,7 @@ async def start_http(
         postgres=lambda: listener.connected,
         rabbitmq=lambda: publisher.connected,
         blocked=lambda: publisher.blocked,
+        broker_node=lambda: (publisher.connection.node, publisher.connection.failovers),
     )
     health = Health(
         worker_alive=lambda: not worker_task.done(),
@@ -257,14 +259,17 @@ async def start_http(
         backlog_stale_after_s=max(3 * settings.backlog_poll_interval_s, 30.0),
         connections=supervisors.snapshot,
     )
+    broker = publisher.connection
     http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
-                      status_page(settings))
+                      status_page(settings, lambda: (broker.node, broker.failovers)))
     await http.start()
     return http
 
 
-def status_page(settings: Settings) -> StatusPage:
-    """The read-only status page on the HTTP port (its own connection, opened on first view)."""
+def status_page(settings: Settings,
+                broker_node: Callable[[], tuple[str | None, int]] | None = None) -> StatusPage:
+    """The read-only status page on the HTTP port (its own connection, opened on first view);
+    `broker_node`: this relay's broker node and failovers, shown beside the table's figures."""
     source = StatusSource(lambda: connect(settings, "status"), Queries(table_names(settings)),
                           settings.table)
-    return StatusPage(source.document, settings.table, source.close)
+    return StatusPage(source.document, settings.table, source.close, broker_node=broker_node)

@@ -78,6 +78,8 @@ class Supervisor:
         self.stopping = stopping or asyncio.Event()
         self.give_up_after_s = give_up_after_s
         self.describe = describe  # e.g. the redacted URL, for log lines
+        # What the connection's owner adds to the snapshot (the broker: its node, failovers).
+        self.details: Callable[[], dict[str, object]] | None = None
         self.state: State = "starting"
         self.last_error: str | None = None
         self.down_since: float | None = None  # time.monotonic() when the outage began
@@ -227,8 +229,11 @@ class Supervisor:
     def snapshot(self) -> dict[str, object]:
         """State for /healthz and `relay status`: no secrets, no driver objects."""
         down_s = None if self.down_since is None else round(time.monotonic() - self.down_since, 1)
-        return {"state": self.state, "down_for_s": down_s, "last_error": self.last_error,
-                "outages": self.outages}
+        snap: dict[str, object] = {"state": self.state, "down_for_s": down_s,
+                                   "last_error": self.last_error, "outages": self.outages}
+        if self.details is not None:
+            snap.update(self.details())
+        return snap
 
 
 class Supervisors:

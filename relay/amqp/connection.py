@@ -20,7 +20,7 @@ import aio_pika
 import structlog
 
 from relay.amqp import compat
-from relay.amqp.nodes import Nodes, broker_user
+from relay.amqp.nodes import Nodes, broker_user, node_label
 from relay.dsn import redact
 from relay.errors import BrokerError, BrokerRefusedAtStart
 from relay.supervise import Supervisor
@@ -96,6 +96,11 @@ class BrokerConnection:
         self._connect_lock = asyncio.Lock()
         self._blocked_logged = False
         self.opened = 0  # connections opened by this process (a reconnect storm shows here)
+        # The node of the open connection (host:port; None before the first), and how many
+        # times a new connection went to another node than the one before (failovers).
+        self.node: str | None = None
+        self.failovers = 0
+        self.supervisor.details = lambda: {"node": self.node, "failovers": self.failovers}
 
     def on_open(self, callback: OnOpen) -> None:
         """Run `callback(connection)` after every (re)connect, before the connection is used."""
@@ -128,6 +133,11 @@ class BrokerConnection:
                                     f"{exc or type(exc).__name__}") from exc
         self.opened += 1
         self.raw = raw
+        node = node_label(url)
+        if self.node is not None and node != self.node:
+            self.failovers += 1
+            log.info("broker_failover", node=node, previous=self.node, failovers=self.failovers)
+        self.node = node
         try:
             self._side = await raw.channel(publisher_confirms=False)
             for callback in self._on_open:

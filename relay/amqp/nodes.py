@@ -11,6 +11,15 @@ def split_urls(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+def node_label(url: str) -> str:
+    """host:port of a node URL (no user, no password): how logs, /healthz and /metrics name
+    the node a relay is connected to."""
+    parts = urlsplit(url)
+    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    host = parts.hostname or "localhost"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def broker_user(url: str) -> str:
     """The user a URL logs in as (RabbitMQ's default is guest)."""
     return unquote(urlsplit(url).username or "guest")

@@ -8,16 +8,25 @@ import sys
 
 import aio_pika
 
+from relay.amqp.nodes import node_label, split_urls
 from relay.dsn import redact
 from relay.errors import BrokerError
 
 
+async def _connect(amqp_url: str) -> aio_pika.abc.AbstractConnection:
+    """The first node of RELAY_AMQP_URL's list that answers (in the list's order)."""
+    errors = []
+    for url in split_urls(amqp_url):
+        try:
+            return await aio_pika.connect(url)
+        except (ConnectionError, OSError, aio_pika.exceptions.AMQPError) as exc:
+            errors.append(f"{node_label(url)}: {exc or type(exc).__name__}")
+    raise BrokerError(f"cannot reach RabbitMQ at {redact(amqp_url)}: {'; '.join(errors)}")
+
+
 async def tail(amqp_url: str, exchange: str, binding_key: str, count: int | None) -> int:
     """Bind an exclusive queue to `exchange` and print each message as one JSON line."""
-    try:
-        conn = await aio_pika.connect(amqp_url)
-    except (ConnectionError, OSError, aio_pika.exceptions.AMQPError) as exc:
-        raise BrokerError(f"cannot reach RabbitMQ at {redact(amqp_url)}: {exc}") from exc
+    conn = await _connect(amqp_url)
     seen = 0
     done = asyncio.Event()
     try:

@@ -18,7 +18,12 @@ from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.utils import floatToGoString
 
 from relay.config import build_labels
@@ -70,6 +75,29 @@ class BulkHistogram:
         yield HistogramMetricFamily(
             self.name, self.documentation, buckets=cumulative, sum_value=self._sum
         )
+
+
+class BrokerNodeCollector:
+    """relay_broker_node{node} (1 for the node the broker connection is on, none before the
+    first connection) and relay_broker_failovers_total, read at scrape time."""
+
+    def __init__(self, read: Callable[[], tuple[str | None, int]],
+                 registry: CollectorRegistry) -> None:
+        self._read = read
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        """The two series as the connection has them now."""
+        node, failovers = self._read()
+        gauge = GaugeMetricFamily(
+            "relay_broker_node", "1 for the RabbitMQ node (host:port) this relay is connected "
+            "to, or was last.", labels=["node"])
+        if node is not None:
+            gauge.add_metric([node], 1.0)
+        yield gauge
+        yield CounterMetricFamily(
+            "relay_broker_failovers", "Broker connections that went to another node than the "
+            "one before.", value=failovers)
 
 
 class RelayMetrics:
@@ -159,11 +187,14 @@ class RelayMetrics:
         postgres: Callable[[], bool],
         rabbitmq: Callable[[], bool],
         blocked: Callable[[], bool],
+        broker_node: Callable[[], tuple[str | None, int]] | None = None,
     ) -> None:
         """Read connection state at scrape time (no polling, never stale)."""
         self.connected.labels("postgres").set_function(lambda: float(postgres()))
         self.connected.labels("rabbitmq").set_function(lambda: float(rabbitmq()))
         self.broker_blocked.set_function(lambda: float(blocked()))
+        if broker_node is not None:
+            BrokerNodeCollector(broker_node, self.registry)
 
     def observe_batch(
         self,

@@ -66,8 +66,9 @@ def _card(label: str, value: str, warn: bool = False) -> str:
             f'<div class="value">{html.escape(value)}</div></div>')
 
 
-def render(doc: dict[str, Any]) -> str:
-    """The page for one status document (relay/pg/status.py document())."""
+def render(doc: dict[str, Any], broker_node: tuple[str | None, int] | None = None) -> str:
+    """The page for one status document (relay/pg/status.py document()); `broker_node`: the
+    node this relay's broker connection is on, and its failovers so far."""
     cards = [
         _card("Due rows", f"{doc['due']:,}"),
         _card("Oldest due row", _age(doc.get("oldest_due_age_s")),
@@ -80,6 +81,11 @@ def render(doc: dict[str, Any]) -> str:
         _card("Delayed rows", f"{doc['delayed']:,}"),
         _card("Rows retrying", f"{doc['retrying']:,}"),
     ]
+    if broker_node is not None:
+        node, failovers = broker_node
+        cards.append(_card("This relay's broker node",
+                           f"{node or 'none yet'} · {failovers} failover"
+                           + ("" if failovers == 1 else "s")))
     reasons = doc.get("dead_by_reason") or {}
     rows = "".join(f'<tr><td>{html.escape(str(r))}</td><td class="n">{n:,}</td></tr>'
                    for r, n in reasons.items()) or '<tr><td colspan="2">none</td></tr>'
@@ -108,10 +114,12 @@ class StatusPage:
     """Renders the page from a source of status documents."""
 
     def __init__(self, source: Callable[[], Awaitable[dict[str, Any]]], table: str,
-                 close: Callable[[], Awaitable[None]] | None = None) -> None:
+                 close: Callable[[], Awaitable[None]] | None = None, *,
+                 broker_node: Callable[[], tuple[str | None, int]] | None = None) -> None:
         self._source = source
         self._table = table
         self._close = close
+        self._broker_node = broker_node
 
     async def html(self) -> tuple[int, bytes]:
         """HTTP status and page; 503 with the reason while the database cannot be read."""
@@ -119,7 +127,8 @@ class StatusPage:
             doc = await self._source()
         except RelayError as exc:
             return 503, render_error(self._table, f"cannot read the status: {exc}").encode()
-        return 200, render(doc).encode()
+        node = None if self._broker_node is None else self._broker_node()
+        return 200, render(doc, node).encode()
 
     async def close(self) -> None:
         """Release what the source holds."""
