@@ -96,7 +96,7 @@ def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply the schema (or, with --check / --dry-run, only say what is pending)."""
-    from relay.pg.connection import connect_when_up, table_names
+    from relay.pg.connection import session, table_names
     from relay.pg.migrate import migrate, plan
 
     # RELAY_NOTIFY given (environment, .env or secret file): install it; else keep the
@@ -105,11 +105,10 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     if args.roles:  # bad role names stop it before anything is applied
         from relay.pg.roles import roles_sql
 
-        roles_sql(table_names(settings), args.producer_role, args.relay_role)
+        roles_sql(table_names(settings), args.producer_role, args.relay_role, args.spark_role)
 
     async def main() -> int:
-        conn = await connect_when_up(settings, "migrate")
-        try:
+        async with session(settings, "migrate", wait=True) as conn:
             todo = await plan(conn, table_names(settings), requested)
             deadline = time.monotonic() + (args.wait_s if args.check else 0)
             while not todo.up_to_date and time.monotonic() < deadline:
@@ -119,23 +118,22 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             if args.check or args.dry_run:
                 print(f"{settings.table}: {todo.describe()}")
                 if args.dry_run and args.roles:
-                    print(f"roles: would grant {args.producer_role} and {args.relay_role}")
+                    print(f"roles: would grant {args.producer_role}, {args.relay_role} and "
+                          f"{args.spark_role}")
                 return EXIT_PENDING if args.check and not todo.up_to_date else EXIT_OK
             applied = await migrate(conn, table_names(settings), requested)
             if args.roles:
                 from relay.pg.roles import apply_roles
 
                 await apply_roles(conn, table_names(settings), args.producer_role,
-                                  args.relay_role)
-        finally:
-            await conn.close()
+                                  args.relay_role, args.spark_role)
         print(f"migrated {settings.table}: "
               + (", ".join(applied) if applied else "already up to date")
               + f" (notify trigger: {todo.notify.value}"
               + (")" if todo.notify_changes or todo.installed_notify is None else ", kept)"))
         if args.roles:
             print(f"roles: {args.producer_role} (INSERT of the producer columns only), "
-                  f"{args.relay_role} (relay)")
+                  f"{args.relay_role} (relay), {args.spark_role} (Spark jobs, docs/spark.md)")
         return EXIT_OK
 
     return _run_async(main)
@@ -183,16 +181,11 @@ def with_dead_letters(
     work: Callable[[Any], Coroutine[Any, Any, int]],
 ) -> int:
     """Run `work(DeadLetters)` over one connection (dead letters and retention commands)."""
-    from relay.pg.connection import connect, table_names
-    from relay.pg.deadletters import DeadLetters
-    from relay.pg.queries import Queries
+    from relay.pg.deadletters import open_dead_letters
 
     async def main() -> int:
-        conn = await connect(settings, "cli")
-        try:
-            return await work(DeadLetters(conn, Queries(table_names(settings))))
-        finally:
-            await conn.close()
+        async with open_dead_letters(settings) as dead:
+            return await work(dead)
 
     return _run_async(main)
 
@@ -260,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="group role that may only INSERT (default: outbox_producer)")
     mig.add_argument("--relay-role", default="outbox_relay", metavar="NAME",
                      help="group role the relay runs as (default: outbox_relay)")
+    mig.add_argument("--spark-role", default="outbox_spark_writer", metavar="NAME",
+                     help="group role Spark jobs write as (default: outbox_spark_writer)")
     health = add("health", cmd_health,
                  "ask the running relay's /healthz (or /readyz); exit 0 when it passes")
     health.add_argument("--ready", action="store_true", help="ask /readyz instead")

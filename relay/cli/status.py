@@ -85,21 +85,10 @@ def make_status_command(
     """The handler of `relay status`."""
 
     def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-        from relay.pg.connection import connect, table_names
-        from relay.pg.queries import Queries
-        from relay.pg.schema import require_current
+        from relay.pg.status import open_status
 
         async def main() -> int:
-            conn = await connect(settings, "status")
-            q = Queries(table_names(settings))
-            try:
-                if not await conn.fetchval(q["table_exists"]):
-                    from relay.errors import SchemaError
-
-                    raise SchemaError(f"table {settings.table} does not exist: run "
-                                      "`relay migrate` first")
-                await require_current(conn, q, settings.table)
-                reader = StatusReader(conn, q)
+            async with open_status(settings) as reader:
                 if args.watch:
                     await watch(reader, settings.table, interval_s=args.interval_s,
                                 count=args.count, tty=sys.stdout.isatty() and not args.json)
@@ -108,8 +97,6 @@ def make_status_command(
                 for key in ("in_per_s", "out_per_s", "eta_s"):
                     doc.pop(key)
                 print(json.dumps(doc, default=str) if args.json else "\n".join(lines(doc)))
-            finally:
-                await conn.close()
             return EXIT_OK
 
         return run_async(main)

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -138,6 +139,18 @@ def connect_failed(settings: Settings, exc: BaseException) -> DatabaseError:
     where = redact(settings.pg_dsn)
     kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
     return kind(f"cannot connect to PostgreSQL at {where}: {exc}")
+
+
+@contextlib.asynccontextmanager
+async def session(settings: Settings, role: str, *,
+                  wait: bool = False) -> AsyncIterator[asyncpg.Connection]:
+    """A connection for one command (`relay status`, the dead-letter commands, migrate),
+    closed at the end; `wait`: wait for a server that is not up yet (connect_when_up)."""
+    conn = await (connect_when_up(settings, role) if wait else connect(settings, role))
+    try:
+        yield conn
+    finally:
+        await close_quietly(conn)
 
 
 async def connect(settings: Settings, role: str) -> asyncpg.Connection:

@@ -5,16 +5,18 @@ The logic behind `relay dead ...` and `relay prune`; the CLI only parses argumen
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
 from relay.errors import DatabaseError, RelayError
-from relay.pg.connection import DB_ERRORS
+from relay.pg.connection import DB_ERRORS, session, table_names
 from relay.pg.queries import Queries
+from relay.settings import Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -161,3 +163,11 @@ class DeadLetters:
             total += n
             if n < batch_rows:
                 return total
+
+
+@contextlib.asynccontextmanager
+async def open_dead_letters(settings: Settings) -> AsyncIterator[DeadLetters]:
+    """The dead letters of the configured table over a session of their own (the dead-letter
+    and retention commands)."""
+    async with session(settings, "cli") as conn:
+        yield DeadLetters(conn, Queries(table_names(settings)))

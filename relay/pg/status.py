@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from relay.errors import DatabaseError
-from relay.pg.connection import DB_ERRORS
+from relay.errors import DatabaseError, SchemaError
+from relay.pg.connection import DB_ERRORS, session, table_names
 from relay.pg.queries import Queries
+from relay.pg.schema import require_current
+from relay.settings import Settings
 
 
 @dataclass
@@ -67,6 +69,19 @@ class StatusReader:
         figures["relays"] = int(relays)
         figures["notify_mode"] = notify
         return Sample(time.monotonic(), figures, by_reason)
+
+
+@contextlib.asynccontextmanager
+async def open_status(settings: Settings) -> AsyncIterator[StatusReader]:
+    """A reader of the table's status over a session of its own (`relay status`); the table
+    must exist and its schema be current."""
+    async with session(settings, "status") as conn:
+        q = Queries(table_names(settings))
+        if not await conn.fetchval(q["table_exists"]):
+            raise SchemaError(f"table {settings.table} does not exist: run `relay migrate` "
+                              "first")
+        await require_current(conn, q, settings.table)
+        yield StatusReader(conn, q)
 
 
 def document(table: str, sample: Sample, before: Sample | None) -> dict[str, Any]:

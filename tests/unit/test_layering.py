@@ -96,3 +96,12 @@ def test_the_contract_reads_imports_inside_functions_too() -> None:
     assert "asyncpg" in found
     assert "relay.pg.store" in found
     assert "relay.pg.x" in found
+
+
+def test_cli__commands_open_the_database_through_pg_never_a_connection_of_their_own() -> None:
+    """A command file asks pg/ for what it works on (a session, a status reader, the dead
+    letters); connecting is pg/connection.py's business."""
+    opened = [(path.name, name) for folder, path in _modules() if folder == "cli"
+              for name in _imports(path)
+              if name in ("relay.pg.connection.connect", "relay.pg.connection.connect_when_up")]
+    assert opened == []
