@@ -3,7 +3,10 @@ neither read content nor change rows."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import secrets
+import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -12,10 +15,8 @@ import asyncpg
 import pytest
 
 from relay.errors import ConfigError
-from relay.pg.queries import TableNames
-from relay.pg.roles import apply_roles
 from relay.spark import cleanup_staging, python_outbox_id, write_outbox
-from tests.helpers import pg_fetch, pg_fetchval
+from tests.helpers import RELAY_BIN, pg_fetch, pg_fetchval
 
 pytestmark = pytest.mark.spark
 
@@ -28,14 +29,19 @@ def as_user(dsn: str, user: str) -> str:
 
 @pytest.fixture
 async def spark_login(db: str) -> AsyncIterator[str]:
-    """A LOGIN user in a Spark writer role granted by sql/roles.sql (names unique to the
-    test); DSN as that user. Roles are cluster-wide: dropped at the end."""
+    """A LOGIN user in a Spark writer role granted by `relay migrate --roles --spark-role`
+    (names unique to the test); DSN as that user. Roles are cluster-wide: dropped at the end."""
     tag = secrets.token_hex(3)
     producer, relay, spark, login = (f"t_{n}_{tag}" for n in ("prod", "relay", "spark", "job"))
     admin = await asyncpg.connect(db)
     try:
-        await apply_roles(admin, TableNames(None, "queue_message", "queue_message_notify"),
-                          producer, relay, spark)
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [RELAY_BIN, "migrate", "--roles", "--producer-role", producer, "--relay-role", relay,
+             "--spark-role", spark],
+            env={**os.environ, "RELAY_PG_DSN": db}, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert f"{spark} (Spark jobs" in done.stdout, done.stdout
         await admin.execute(f"CREATE ROLE {login} LOGIN IN ROLE {spark}")
         yield as_user(db, login)
     finally:
