@@ -3,54 +3,26 @@ neither read content nor change rows."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import secrets
-import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from relay.errors import ConfigError
 from relay.spark import cleanup_staging, python_outbox_id, write_outbox
-from tests.helpers import RELAY_BIN, pg_fetch, pg_fetchval
+from tests.helpers import pg_fetch, pg_fetchval
+from tests.spark.roles import spark_writer_login
 
 pytestmark = pytest.mark.spark
 
 
-def as_user(dsn: str, user: str) -> str:
-    """The same DSN with another user (the test server trusts local connections)."""
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rsplit('@', 1)[-1]}"))
-
-
 @pytest.fixture
 async def spark_login(db: str) -> AsyncIterator[str]:
-    """A LOGIN user in a Spark writer role granted by `relay migrate --roles --spark-role`
-    (names unique to the test); DSN as that user. Roles are cluster-wide: dropped at the end."""
-    tag = secrets.token_hex(3)
-    producer, relay, spark, login = (f"t_{n}_{tag}" for n in ("prod", "relay", "spark", "job"))
-    admin = await asyncpg.connect(db)
-    try:
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [RELAY_BIN, "migrate", "--roles", "--producer-role", producer, "--relay-role", relay,
-             "--spark-role", spark],
-            env={**os.environ, "RELAY_PG_DSN": db}, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert f"{spark} (Spark jobs" in done.stdout, done.stdout
-        await admin.execute(f"CREATE ROLE {login} LOGIN IN ROLE {spark}")
-        yield as_user(db, login)
-    finally:
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            f"WHERE usename = '{login}'")
-        for role in (login, spark, relay, producer):
-            await admin.execute(f"DROP OWNED BY {role}")
-            await admin.execute(f"DROP ROLE {role}")
-        await admin.close()
+    """DSN of a LOGIN user in a Spark writer role made by `relay migrate --roles
+    --spark-role` (tests/spark/roles.py)."""
+    async with spark_writer_login(db) as dsn:
+        yield dsn
 
 
 def frame(spark: Any, n: int) -> Any:
