@@ -1,7 +1,8 @@
 """The example job submitted to a real standalone cluster (a master and a worker started from
 the installed pyspark): each idempotent mode, run twice as a login of the Spark writer role,
 once with an executor killed mid-write; a real relay (archiving what it published, so a
-re-run's merge sees those ids) delivers every event exactly once. The consumer connects after the jobs: minutes of job on a shared broker."""
+re-run's merge sees those ids) delivers every event exactly once. The consumer connects after
+the jobs: minutes of job on a shared broker."""
 
 from __future__ import annotations
 
