@@ -241,11 +241,16 @@ async def start_http(
     supervisors: Supervisors,
 ) -> HttpServer:
     """Wire the metrics and probes to the running objects and start the HTTP endpoint."""
+    broker = publisher.connection
+
+    def broker_node() -> tuple[str | None, int]:
+        return broker.node, broker.failovers
+
     metrics.watch_connections(
         postgres=lambda: listener.connected,
         rabbitmq=lambda: publisher.connected,
         blocked=lambda: publisher.blocked,
-        broker_node=lambda: (publisher.connection.node, publisher.connection.failovers),
+        broker_node=broker_node,
     )
     health = Health(
         worker_alive=lambda: not worker_task.done(),
@@ -259,9 +264,8 @@ async def start_http(
         backlog_stale_after_s=max(3 * settings.backlog_poll_interval_s, 30.0),
         connections=supervisors.snapshot,
     )
-    broker = publisher.connection
     http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
-                      status_page(settings, lambda: (broker.node, broker.failovers)))
+                      status_page(settings, broker_node))
     await http.start()
     return http
 
