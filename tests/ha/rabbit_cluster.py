@@ -7,18 +7,24 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import signal
 import subprocess
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.servers.rabbitmq_node import RabbitNode, _tool
+
+# Node names (and folders) of cluster nodes start with this: what remove_strays looks for.
+PREFIX = "relayha"
 
 
 class RabbitCluster:
     """`size` nodes joined into one cluster; node 0 is the seed the others join."""
 
     def __init__(self, size: int = 3) -> None:
-        self.nodes = [RabbitNode(prefix="relayha") for _ in range(size)]
+        self.nodes = [RabbitNode(prefix=PREFIX) for _ in range(size)]
         self.stopped: set[str] = set()  # node names whose application is stopped
 
     def stop_node(self, node: RabbitNode) -> None:
@@ -41,6 +47,26 @@ class RabbitCluster:
             cwd=node.root,
         )
         return out.returncode == 0
+
+    def quorum_status(self, queue: str) -> str:
+        """`rabbitmq-queues quorum_status` of a queue, asked of a running node: each member's
+        raft state (leader, follower...), commit index and last applied entry."""
+        node = self.running()[0]
+        out = subprocess.run(
+            [*node._as_user(), _tool("rabbitmq-queues"), "-n", node.nodename,
+             "quorum_status", queue, "--formatter", "json"],
+            env=node._env(), capture_output=True, text=True, timeout=120, check=False,
+            cwd=node.root,
+        )
+        return (out.stdout + out.stderr).strip()
+
+    def queue_depth(self, queue: str) -> str:
+        """The queue's messages (ready and unacknowledged) and consumers, as a running node
+        sees them: rows the relays published that the test's consumers have not taken yet."""
+        out = self.running()[0].ctl("list_queues", "name", "messages", "messages_ready",
+                                    "messages_unacknowledged", "consumers", "--quiet")
+        return next((line for line in out.splitlines() if line.split()[:1] == [queue]),
+                    f"{queue} not listed: {out.strip()}")
 
     def running(self) -> list[RabbitNode]:
         """The nodes whose application runs."""
@@ -87,6 +113,27 @@ class RabbitCluster:
             list(pool.map(lambda n: n.kill(), self.nodes))
         for node in self.nodes:
             node.destroy()
+
+
+def remove_strays(prefix: str = PREFIX) -> list[str]:
+    """Kill the Erlang VMs of nodes named `<prefix>-...` that an earlier, killed run left behind
+    and remove their folders; return the node names found. The shared broker (another node
+    name) is never touched."""
+    found: list[str] = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            # Only the VMs: epmd, which a node may have started, serves the shared broker too.
+            if (environ.parent / "comm").read_text().strip() != "beam.smp":
+                continue
+            names = [v for v in environ.read_bytes().split(b"\0")
+                     if v.startswith(f"RABBITMQ_NODENAME={prefix}-".encode())]
+            if names:
+                found.append(names[0].split(b"=", 1)[1].decode())
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(environ.parent.name), signal.SIGKILL)
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
+    return sorted(set(found))
 
 
 def local_tcp_ports(pid: int) -> set[int]:
