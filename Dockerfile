@@ -18,7 +18,7 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY sql/ sql/
 COPY relay/ relay/
 RUN /opt/relay/bin/pip install --no-cache-dir --only-binary=asyncpg,uvloop,pydantic-core \
-        -c constraints.txt . \
+        -c constraints.txt ".[tracing]" \
     && /opt/relay/bin/relay --help > /dev/null
 
 # ---------------------------------------------------------------- runtime: no compilers, non-root

@@ -168,11 +168,13 @@ async def reset_env(env: BenchEnv) -> None:
     await purge_queue(env)
 
 
-async def insert_backlog(conn: asyncpg.Connection, env: BenchEnv, rows: int) -> float:
-    """Insert `rows` rows in one classic INSERT ... SELECT; return the commit's monotonic time."""
+async def insert_backlog(conn: asyncpg.Connection, env: BenchEnv, rows: int,
+                         options_sql: str = "NULL") -> float:
+    """Insert `rows` rows in one classic INSERT ... SELECT; return the commit's monotonic time.
+    `options_sql`: each row's options, an SQL expression of the series number `g`."""
     await conn.execute(
-        f"INSERT INTO queue_message (exchange, routing_key, content) "
-        f"SELECT $1, $2, {BODY_SQL} FROM generate_series(1, $3) AS g",
+        f"INSERT INTO queue_message (exchange, routing_key, content, options) "
+        f"SELECT $1, $2, {BODY_SQL}, {options_sql} FROM generate_series(1, $3) AS g",
         env.exchange,
         ROUTING_KEY,
         rows,

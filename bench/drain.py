@@ -46,16 +46,21 @@ async def drain_once(
     log_dir: Path | None = None,
     timeout_s: float = 900.0,
     pinned: bool = False,
+    extra_env: dict[str, str] | None = None,
+    options_sql: str = "NULL",
 ) -> dict[str, Any]:
     """One drain of `rows` rows; msg/s and the CPU used while it ran.
 
     pinned: another session holds a REPEATABLE READ snapshot taken before the backlog's
     insert until the drain ends (a report, a stuck session): the xmin horizon stays behind
-    every delete, so no deleted row can be cleaned up while the relay drains."""
+    every delete, so no deleted row can be cleaned up while the relay drains.
+    extra_env: more environment of the relays (OTEL_* variables); options_sql: the rows'
+    options (bench/common.py insert_backlog)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="bench-drain-"))
     overrides = {"batch_size": batch_size, "concurrency": concurrency, "publisher": publisher}
     relays = [
-        Relay(env.relay_env(**overrides), log_dir / f"relay-{i}.log") for i in range(processes)
+        Relay({**env.relay_env(**overrides), **(extra_env or {})}, log_dir / f"relay-{i}.log")
+        for i in range(processes)
     ]
     conn = await asyncpg.connect(env.dsn)
     holder = await asyncpg.connect(env.dsn)
@@ -68,7 +73,7 @@ async def drain_once(
         load = load_before()
         own0 = {p: cpu_s(p) for p in await _backends(conn)}
         with cpu_split([r.proc.pid for r in relays]) as cpu:
-            committed = await insert_backlog(conn, env, rows)
+            committed = await insert_backlog(conn, env, rows, options_sql)
             emptied = await wait_drained(conn, env, rows, timeout_s)
         own_pids = set(own0) | await _backends(conn)
         own_cpu = sum(cpu_s(p) - own0.get(p, 0.0) for p in own_pids)

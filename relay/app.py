@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,8 @@ from relay.pg.store import Outbox
 from relay.pg.wakeup import LockGate
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings
 from relay.supervise import Backoff, Stopping, Supervisor, Supervisors
+from relay.tracing import Tracing
+from relay.tracing import from_environment as tracing_from_environment
 
 log = structlog.get_logger("relay.app")
 
@@ -130,22 +133,27 @@ async def run(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     try:
+        # Before the servers: a tracing variable it cannot serve stops start-up at once.
+        tracing = tracing_from_environment(os.environ, table=settings.table)
         try:
             outbox, publisher = await _open_servers(settings, supervisors)
         except Stopping:
             log.info("relay_stopped", published=0)
             return
-        await _serve(settings, supervisors, outbox, publisher, stop_requested)
+        await _serve(settings, supervisors, outbox, publisher, stop_requested,
+                     tracing=tracing)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
 
 async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
-                 publisher: Pipeline, stop_requested: asyncio.Event) -> None:
+                 publisher: Pipeline, stop_requested: asyncio.Event, *,
+                 tracing: Tracing) -> None:
     """Run the worker and the services around it over open servers until a stop is
     requested; then stop the worker gracefully and every service (relay/lifecycle.py)."""
     services = Services()
+    services.hold(tracing)  # closed last: the final batches' spans still leave
     services.hold(outbox)
     services.hold(publisher)
     metrics = RelayMetrics() if settings.http_port else None
@@ -162,7 +170,8 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
         fallback_poll_s=min(1.0, settings.poll_interval_s),
     ))
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, gate=gate,
-                    doorbell=doorbell, db_supervisor=supervisors.get("database"))
+                    doorbell=doorbell, db_supervisor=supervisors.get("database"),
+                    tracing=tracing)
     listener = services.start(Listener(
         lambda: connect(settings, "listener"),
         settings.notify_channel,

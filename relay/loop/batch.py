@@ -28,6 +28,7 @@ from relay.interfaces import (
 from relay.loop import ordering
 from relay.loop.retry import RetryPolicy
 from relay.loop.verdicts import decide, log_verdicts, to_settlement
+from relay.tracing import NO_BATCH, NO_SWEEP, SweepTrace
 
 log = structlog.get_logger("relay.loop.batch")
 
@@ -63,26 +64,40 @@ class BatchReport:
 _OUTSIDE = {Reason.BROKER_LOST, Reason.BLOCKED, Reason.DEADLINE, Reason.SHUTDOWN}
 
 
-async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan) -> BatchReport:
-    """Claim, build, publish, decide, settle and commit one batch."""
+async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan,
+                    trace: SweepTrace = NO_SWEEP) -> BatchReport:
+    """Claim, build, publish, decide, settle and commit one batch (traced as a child of the
+    wake-up's `trace` when it finds rows)."""
     started = time.perf_counter()
-    async with store.claim(plan.batch_size) as claim:
-        rows = claim.rows
-        if not rows:
+    started_ns = time.time_ns()
+    span = NO_BATCH
+    try:
+        async with store.claim(plan.batch_size) as claim:
+            rows = claim.rows
+            if not rows:
+                await claim.commit()
+                return BatchReport()
+            claimed_ns = time.time_ns()
+            full_by_bytes = claim.full_by_bytes
+            deadline = asyncio.get_running_loop().time() + plan.publish_budget_s
+            messages, refused = build(publisher, rows)
+            span = trace.batch(started_ns, claimed_ns, rows, messages)
+            span.event("publish")
+            publish_started = time.perf_counter()
+            result = await publish(publisher, rows, messages, refused, plan, deadline=deadline)
+            publish_s = time.perf_counter() - publish_started
+            span.event("confirmed")
+            verdicts, held = ordering.hold_back(
+                rows, decide(rows, refused, result, plan.retry), block_on_dead=plan.block_on_dead
+            )
+            await claim.settle(to_settlement(verdicts))
+            span.event("settled")
             await claim.commit()
-            return BatchReport()
-        full_by_bytes = claim.full_by_bytes
-        deadline = asyncio.get_running_loop().time() + plan.publish_budget_s
-        messages, refused = build(publisher, rows)
-        publish_started = time.perf_counter()
-        result = await publish(publisher, rows, messages, refused, plan, deadline=deadline)
-        publish_s = time.perf_counter() - publish_started
-        verdicts, held = ordering.hold_back(
-            rows, decide(rows, refused, result, plan.retry), block_on_dead=plan.block_on_dead
-        )
-        await claim.settle(to_settlement(verdicts))
-        await claim.commit()
-    log_verdicts(verdicts)
+        log_verdicts(verdicts)
+    except BaseException as exc:
+        span.fail(exc)
+        raise
+    span.finish(verdicts, held)
     return BatchReport(rows, verdicts, held, publish_s, time.perf_counter() - started,
                        time.time(), full_by_bytes)
 

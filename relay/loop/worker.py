@@ -18,6 +18,7 @@ from relay.loop.batch import BatchPlan, run_batch
 from relay.loop.retry import RetryPolicy
 from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate
 from relay.supervise import Backoff, Supervisor
+from relay.tracing import NO_SWEEP, NoTracing, Tracing
 
 log = structlog.get_logger("relay.loop.worker")
 
@@ -50,6 +51,7 @@ class Worker:
         gate: WakeupGate | None = None,
         doorbell: Doorbell | None = None,
         db_supervisor: Supervisor | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -68,6 +70,8 @@ class Worker:
         self._last_had_keys = False
         self._last_full_by_bytes = False
         self.last_loop_at = time.monotonic()
+        self.tracing: Tracing = tracing or NoTracing()
+        self._trace = NO_SWEEP  # the current wake-up's trace (relay/tracing)
 
     def wake(self) -> None:
         """Ask for a sweep now (called on NOTIFY and after reconnects)."""
@@ -130,6 +134,7 @@ class Worker:
         One attempt per sweep, so the loop keeps ticking (liveness) through a long outage.
         """
         db = self.db_supervisor
+        self._trace = self.tracing.sweep()
         try:
             await self.drain()
         except DatabaseError as exc:
@@ -141,6 +146,9 @@ class Worker:
         else:
             db.ok()
             return
+        finally:
+            self._trace.end()
+            self._trace = NO_SWEEP
         await db.pause()
         self._wake.set()
 
@@ -241,7 +249,7 @@ class Worker:
         cfg = self.config
         plan = BatchPlan(cfg.batch_size, cfg.publish_budget_s, cfg.retry,
                          cfg.ordering_block_on_dead)
-        report = await run_batch(self.store, self.publisher, plan)
+        report = await run_batch(self.store, self.publisher, plan, self._trace)
         # A batch that reached its commit is proof the database works: under a steady backlog
         # a drain may never return, and the recovery must not wait for one that does.
         self.db_supervisor.ok()

@@ -15,6 +15,8 @@ DRIVERS = {
     "aiormq": "amqp",
     "pamqp": "amqp",
     "pyspark": "spark",
+    # Imported only when tracing is on, and only there (relay/tracing/__init__.py).
+    "opentelemetry": "tracing",
 }
 
 # What a folder of relay/ must not import (modules of relay/ by dotted prefix), and the one
@@ -25,6 +27,8 @@ FORBIDDEN = {
     "amqp": ("relay.pg", "relay.loop", "relay.ops", "relay.spark", "relay.app", "relay.cli"),
     "ops": ("relay.pg", "relay.amqp", "relay.loop", "relay.spark", "relay.app", "relay.cli"),
     "spark": ("relay.amqp", "relay.loop", "relay.ops", "relay.app", "relay.cli"),
+    "tracing": ("relay.pg", "relay.amqp", "relay.loop", "relay.ops", "relay.spark", "relay.app",
+                "relay.cli"),
 }
 PROTOCOLS = {"pg": ("relay.loop.sleep",)}
 
