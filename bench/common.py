@@ -168,6 +168,14 @@ async def reset_env(env: BenchEnv) -> None:
     await purge_queue(env)
 
 
+# Each row's options with a distinct, valid W3C traceparent (trace id and parent span id from
+# md5 of its series number `g`): what a producer using relay.tracing.producer writes.
+TRACED_OPTIONS_SQL = (
+    "jsonb_build_object('headers', jsonb_build_object('traceparent', "
+    "'00-' || md5(g::text) || '-' || left(md5((g + 1)::text), 16) || '-01'))"
+)
+
+
 async def insert_backlog(conn: asyncpg.Connection, env: BenchEnv, rows: int,
                          options_sql: str = "NULL") -> float:
     """Insert `rows` rows in one classic INSERT ... SELECT; return the commit's monotonic time.

@@ -31,6 +31,7 @@ import asyncpg
 from bench.common import (
     RELAY_SRC,
     ROUTING_KEY,
+    TRACED_OPTIONS_SQL,
     Relay,
     cpu_s,
     create_env,
@@ -96,7 +97,7 @@ async def _trickle(conn: asyncpg.Connection, exchange: str, seconds: float) -> i
 
 
 async def profile(scenario: str, publisher: str, rows: int, seconds: float, *, out: Path,
-                  label: str) -> tuple[Path, str]:
+                  label: str, traced: bool = False) -> tuple[Path, str]:
     """Run the scenario under py-spy; return the collapsed-stacks file and a headline."""
     env = await create_env(f"prof_{scenario}")
     collapsed = out / f"profile-{scenario}-{label}.collapsed.txt"
@@ -115,9 +116,11 @@ async def profile(scenario: str, publisher: str, rows: int, seconds: float, *, o
             await asyncio.sleep(1.0)  # py-spy attaches
             cpu0 = cpu_s(relay.proc.pid)
             if scenario == "drain":
-                committed = await insert_backlog(conn, env, rows)
+                committed = await insert_backlog(
+                    conn, env, rows, TRACED_OPTIONS_SQL if traced else "NULL")
                 emptied = await wait_empty(conn, 600)
-                head = (f"{rows} rows in {emptied - committed:.2f}s = "
+                head = (f"{rows} rows{' (a traceparent each)' if traced else ''} in "
+                        f"{emptied - committed:.2f}s = "
                         f"{rows / (emptied - committed):,.0f} msg/s (under py-spy)")
                 count = rows
             else:
@@ -148,12 +151,15 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--label", default="after")
+    parser.add_argument("--traced", action="store_true",
+                        help="drain: every row carries its own traceparent in options.headers")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "profiles")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     collapsed, head = asyncio.run(profile(args.scenario, args.publisher, args.rows,
-                                          args.seconds, out=args.out, label=args.label))
+                                          args.seconds, out=args.out, label=args.label,
+                                          traced=args.traced))
     text = (f"command: python -m bench.profile {' '.join(sys.argv[1:])}\n"
             f"relay source: {RELAY_SRC or 'this checkout'}\n{head}\n\n" + summarise(collapsed))
     (args.out / f"profile-{args.scenario}-{args.label}.summary.txt").write_text(text + "\n")

@@ -20,17 +20,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.common import OneOff, create_env, drop_env, wait_quiet
+from bench.common import TRACED_OPTIONS_SQL, OneOff, create_env, drop_env, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.server import run_on_private_server
 from tests.servers.otlp_receiver import OtlpReceiver
-
-# A distinct, valid traceparent per row: trace id and parent span id from md5 of its number.
-TRACED_OPTIONS_SQL = (
-    "jsonb_build_object('headers', jsonb_build_object('traceparent', "
-    "'00-' || md5(g::text) || '-' || left(md5((g + 1)::text), 16) || '-01'))"
-)
 
 
 async def tracing_runs(rows: int, runs: int, quiet_below: float) -> list[dict[str, Any]]:

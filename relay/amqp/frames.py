@@ -37,6 +37,8 @@ PENDING, ACKED, NACKED = 0, 1, 2
 CHUNK_BYTES = 1 << 20
 
 PropertiesFor = Callable[[Message], spec.Basic.Properties]
+# A property set met once so far: no template yet (FrameEncoder._template).
+_SEEN_ONCE: list[bytes] = []
 MethodFor = Callable[[str, str, bool], spec.Basic.Publish]
 
 
@@ -87,15 +89,22 @@ class FrameEncoder:
         return cached
 
     def _template(self, message: Message, id_size: int) -> list[bytes] | None:
-        """The encoded properties of the message's property set, split where the row id goes.
+        """The encoded properties of the message's property set, split where the row id goes;
+        None the first time a property set is seen (encode that message in full).
 
         Encoded twice with two stand-in ids of the row id's length: the bytes that differ are
         exactly the row id's places (message_id, the relay's header), and no length prefix
-        changes when the real id is spliced in, since it has the same length.
+        changes when the real id is spliced in, since it has the same length. A template costs
+        two encodings and a comparison, so it is made only when a property set comes again:
+        rows whose options are all different (a traceparent each) are encoded once per row.
         """
         p = message.properties
-        entry = self._props.get((id(p), id_size))
-        if entry is not None and entry[0] is p:
+        key = (id(p), id_size)
+        entry = self._props.get(key)
+        if entry is None or entry[0] is not p:
+            self._props.put(key, (p, _SEEN_ONCE), 256)
+            return None
+        if entry[1] is not _SEEN_ONCE:
             return entry[1]
         encoded = [
             self._properties_for(
@@ -104,7 +113,7 @@ class FrameEncoder:
             for stand_in in ("a", "b")
         ]
         parts = _slots(encoded[0], encoded[1], id_size)
-        self._props.put((id(p), id_size), (p, parts), 3 * len(encoded[0]) + 256)
+        self._props.put(key, (p, parts), 3 * len(encoded[0]) + 256)
         return parts
 
     def header_frame(self, message: Message) -> bytes:

@@ -114,3 +114,26 @@ def test_bounded_cache__weights_never_exceed_the_budget_and_heavy_entries_are_no
     cache.put(-1, "heavy", 5_000)
     assert cache.get(-1) is None
     assert cache.get(999) == "v"
+
+
+def test_encode__a_property_set_met_once_is_encoded_once() -> None:
+    """Rows whose options all differ (a traceparent each) cost one encoding per row; a set
+    that comes again gets its template (two encodings, once) and is spliced from then on."""
+    calls = []
+
+    def counting(m: Message) -> spec.Basic.Properties:
+        calls.append(m.id)
+        return amqp_properties(m)
+
+    unique = [Message(f"0b0c5a8e-0000-4000-8000-00000000010{i}", "x", "rk", b"{}",
+                      Properties(headers={"traceparent": f"00-{i:032x}-{i:016x}-01"}), True)
+              for i in range(5)]
+    encoder = FrameEncoder(1, 4096, counting)
+    assert encoder.encode(unique) == b"".join(_reference(m, 1, 4096) for m in unique)
+    assert len(calls) == len(unique)
+    shared = Properties(content_type="application/json")
+    repeated = [Message(f"0b0c5a8e-0000-4000-8000-00000000020{i}", "x", "rk", b"{}", shared, True)
+                for i in range(5)]
+    calls.clear()
+    assert encoder.encode(repeated) == b"".join(_reference(m, 1, 4096) for m in repeated)
+    assert len(calls) == 1 + 2  # the first in full, then the template's two stand-ins
