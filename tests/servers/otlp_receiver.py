@@ -33,6 +33,10 @@ class ReceivedSpan:
     parent_span_id: str
     attributes: dict[str, Any] = field(default_factory=dict)
     links: tuple[str, ...] = ()  # trace ids of the links
+    link_spans: tuple[str, ...] = ()  # span ids of the links
+    start_ns: int = 0
+    end_ns: int = 0
+    events: tuple[tuple[str, int], ...] = ()  # (name, epoch ns)
 
 
 def _value(any_value: Any) -> Any:
@@ -86,6 +90,10 @@ class OtlpReceiver:
                 parent_span_id=span.parent_span_id.hex(),
                 attributes={a.key: _value(a.value) for a in span.attributes},
                 links=tuple(link.trace_id.hex() for link in span.links),
+                link_spans=tuple(link.span_id.hex() for link in span.links),
+                start_ns=span.start_time_unix_nano,
+                end_ns=span.end_time_unix_nano,
+                events=tuple((e.name, e.time_unix_nano) for e in span.events),
             )
             for resource in request.resource_spans
             for scope in resource.scope_spans
