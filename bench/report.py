@@ -53,8 +53,10 @@ def _render_drains(s: dict[str, Any]) -> list[str]:
     for d in s["drain"]:
         c = d["cpu_cores"]
         horizon = "pinned" if d.get("pinned") else "free"
+        traced = {"traced_off": ", a traceparent per row, tracing off",
+                  "traced_on": ", a traceparent per row, **tracing on**"}.get(d.get("kind", ""), "")
         lines.append(
-            f"| {d['processes']} | {d['publisher']} | {d['rows']:,} | {horizon} | "
+            f"| {d['processes']} | {d['publisher']}{traced} | {d['rows']:,} | {horizon} | "
             f"{_range(d['msg_per_s'])} "
             f"| {_loads(d['load_before'])} | {c['relay']} / {c['postgres']} / {c['rabbitmq']} / "
             f"{c['other']} |")
@@ -131,6 +133,8 @@ def targets(s: dict[str, Any], mode: str) -> list[tuple[str, float | None, str, 
     add("big backlog vs the small one", r.get("big_backlog_vs_small"), "≥", 0.9)
     add("drain with the xmin horizon pinned vs free, same size",
         r.get("pinned_horizon_vs_unpinned"), "≥", 0.8)
+    add("drain with tracing on vs off (rows with a traceparent each)",
+        r.get("tracing_on_vs_off"), "≥", 0.95)
     return out
 
 
@@ -171,7 +175,8 @@ def _cost_lines(s: dict[str, Any]) -> list[str]:
              "whole machine busy (cores) |", "|---|---|---|---|---|---|"]
     for c in cost:
         d = next(x for x in s["drain"] if x["processes"] == c["processes"]
-                 and x["rows"] == c["rows"] and x["publisher"] == "bulk")
+                 and x["rows"] == c["rows"] and x["publisher"] == "bulk"
+                 and not x.get("kind", "").startswith("traced"))
         lines.append(f"| {c['processes']} | {c['relay']:.3f} | {c['postgres_own_sessions']:.3f} "
                      f"| {c['rabbitmq']:.3f} | {d['msg_per_s']['median']:,.0f} | "
                      f"{d['cpu_cores']['machine_busy']} |")

@@ -31,6 +31,7 @@ from bench import common
 from bench.common import (
     AMQP_URL,
     DEFAULT_MODE,
+    TRACED_OPTIONS_SQL,
     BenchEnv,
     create_env,
     drop_env,
@@ -49,6 +50,7 @@ from bench.report import render_markdown, render_readme_block, replace_readme_bl
 from bench.server import private_server
 from bench.triggers import trigger_costs
 from relay.settings import NotifyMode
+from tests.servers.otlp_receiver import OtlpReceiver
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,27 @@ async def _drains(env: BenchEnv, plan: Plan) -> list[Figure]:
         await add("unpinned", plan.pinned_rows, 1)
         await add("pinned", plan.pinned_rows, 1, pinned=True)
     await add("simple", plan.simple_rows, plan.runs, publisher="simple")
+    out += await _tracing_drains(env, plan)
     return out
+
+
+async def _tracing_drains(env: BenchEnv, plan: Plan) -> list[Figure]:
+    """Drains of rows that carry a traceparent each, tracing off and on (exporting to a
+    local OTLP receiver, every trace sampled), alternating run by run (bench/tracing.py)."""
+    runs: dict[str, list[Figure]] = {"traced_off": [], "traced_on": []}
+    with OtlpReceiver() as receiver:
+        on = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+              "OTEL_TRACES_SAMPLER": "always_on"}
+        for i in range(plan.runs):
+            for kind, extra in (("traced_off", None), ("traced_on", on)):
+                runs[kind] += await repeat(
+                    env, 1, f"drain {kind} {plan.drain_rows} ({i + 1}/{plan.runs})",
+                    lambda extra=extra: drain_once(  # type: ignore[misc]
+                        env, plan.drain_rows, extra_env=extra,
+                        options_sql=TRACED_OPTIONS_SQL))
+    return [{"kind": kind, "processes": 1, "batch_size": 500, "publisher": "bulk",
+             "rows": plan.drain_rows, "pinned": False, "runs": figs}
+            for kind, figs in runs.items()]
 
 
 async def _latencies(env: BenchEnv, plan: Plan) -> list[Figure]:
@@ -229,7 +251,7 @@ def _cost(drains: list[Figure]) -> list[Figure]:
     """CPU-seconds per 1,000 messages by process group, per number of relay processes."""
     out = []
     for d in drains:
-        if d["publisher"] != "bulk" or d.get("pinned"):
+        if d["publisher"] != "bulk" or d.get("pinned") or d.get("kind", "").startswith("traced"):
             continue
         keys = d["runs"][0]["cpu_s_per_1k_msgs"]
         out.append({"processes": d["processes"], "rows": d["rows"],
@@ -256,7 +278,8 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                    | {"load_before": [r["load_before"][0] for r in entry["runs"]]}
                    | {k: summary([r[k] for r in entry["runs"]])
                       for k in ("achieved_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")})
-    one = next(d for d in drains if d["processes"] == 1 and d["publisher"] == "bulk")
+    one = next(d for d in drains if d["processes"] == 1 and d["publisher"] == "bulk"
+               and d["kind"] == "scale")
     kinds = {d["kind"]: d for d in drains}
     big, pinned, unpinned = kinds.get("big"), kinds.get("pinned"), kinds.get("unpinned")
     simple = next((d for d in drains if d["publisher"] == "simple"), None)
@@ -275,6 +298,11 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     if pinned is not None and unpinned is not None:
         ratios["pinned_horizon_vs_unpinned"] = round(
             pinned["msg_per_s"]["median"] / unpinned["msg_per_s"]["median"], 2)
+    if "traced_on" in kinds and "traced_off" in kinds:
+        ratios["tracing_on_vs_off"] = round(kinds["traced_on"]["msg_per_s"]["median"]
+                                            / kinds["traced_off"]["msg_per_s"]["median"], 3)
+        ratios["traced_rows_vs_plain"] = round(kinds["traced_off"]["msg_per_s"]["median"]
+                                               / rate, 2)
     if simple is not None:
         ratios["relay_bulk_vs_simple_publisher"] = round(rate / simple["msg_per_s"]["median"], 2)
     producers = []
