@@ -27,7 +27,7 @@ java -version 2>&1 | head -1
 ls -l /usr/share/java/postgresql.jar
 
 # A second virtual environment with Spark 3.5 (the extra accepts >=3.5,<5): tests/spark/
-# test_spark35.py runs a representative part of tests/spark in it. Created once, then checked.
+# test_spark35.py runs every test of tests/spark again in it. Created once, then checked.
 cd "$(dirname "$0")/../.."
 venv35=.venv/spark-3.5
 if [ ! -x "$venv35/bin/pytest" ]; then

@@ -4,12 +4,15 @@ consumed) with one relay running.
 
     .venv/bin/python bench/spark/run.py [--rows 1000000] [--rounds 3] [--path-rows 200000]
         [--master standalone|local[2]] [--modes plain,staged,copy,append]
+        [--server private|shared] [--out bench/spark-RESULTS.md]
 
 `--master standalone` (the default) starts a Spark standalone master and one 2-core worker on
 127.0.0.1 from the installed pyspark (tests/spark/standalone.py) and runs the writes there.
 
-Needs the local PostgreSQL and RabbitMQ (or BENCH_PG_DSN / BENCH_AMQP_URL); makes and drops
-its own database, exchange and queue.
+PostgreSQL: a private initdb cluster with the server's defaults (bench/server.py), or with
+`--server shared` the local one (BENCH_PG_DSN); RabbitMQ: the local one (BENCH_AMQP_URL). Makes
+and drops its own database, exchange and queue. Writes --out (the machine, the command, the date
+and the load average before each write) and prints it.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import secrets
+import shlex
 import statistics
 import subprocess
 import sys
@@ -122,21 +125,55 @@ async def whole_path(spark: Any, dsn: str, rows: int) -> float:
         await conn.close()
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--path-rows", type=int, default=200_000, help="0: skip the path")
-    parser.add_argument("--master", default="standalone")
-    parser.add_argument("--modes", default="plain,staged,copy,append")
-    args = parser.parse_args()
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average before the run: "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
+def report(args: argparse.Namespace, facts: dict[str, Any], runs: list[dict[str, Any]],
+           path_s: float) -> str:
+    """The Markdown results file: what ran where and when, every write, the medians."""
+    rates: dict[str, list[float]] = {}
+    for r in runs:
+        rates.setdefault(r["mode"], []).append(r["rows_per_s"])
+    lines = [
+        "# Spark → outbox write benchmark", "",
+        "Written by `bench/spark/run.py` (do not edit by hand).", "",
+        f"- date: {facts['date']}",
+        f"- command: `{facts['command']}`",
+        f"- machine: {facts['machine']}",
+        f"- load average before the run: {facts['load']}",
+        f"- master: {facts['master']}; pyspark {facts['pyspark']}; executors 700 MB, 2 cores; "
+        f"session start {facts['session_s']:.1f} s",
+        f"- PostgreSQL: {facts['server']}",
+        f"- {args.rows:,} rows of about 200 bytes per write, {args.rounds} rounds, the order of "
+        "the modes rotated each round; `plain` = to_json + `df.write.jdbc` append (what teams "
+        "hand-roll), the other modes `write_outbox(mode=...)`", "",
+        "| round | mode | rows/s | seconds | load before |", "|---|---|---:|---:|---|",
+    ]
+    lines += [f"| {r['round']} | {r['mode']} | {r['rows_per_s']:,.0f} | {r['seconds']:.1f} | "
+              f"{r['load_before']} |" for r in runs]
+    lines += ["", "## Medians", "",
+              "| mode | median rows/s | min–max rows/s | median ratio to plain append |",
+              "|---|---:|---:|---:|"]
+    for mode, values in rates.items():
+        ratios = [v / p for v, p in zip(values, rates.get("plain", values), strict=True)]
+        lines.append(f"| {mode} | {statistics.median(values):,.0f} | {min(values):,.0f}–"
+                     f"{max(values):,.0f} | {statistics.median(ratios):.2f} |")
+    if "staged" in rates and "plain" in rates:
+        ratio = statistics.median(s / p for s, p in zip(rates["staged"], rates["plain"],
+                                                         strict=True))
+        lines += ["", f"**staged / plain append: {ratio:.2f}** (target ≥ 0.5: "
+                  f"{'met' if ratio >= 0.5 else 'not met'})"]
+    if path_s:
+        lines += ["", f"Whole path, a staged write of {args.path_rows:,} rows with one relay "
+                  f"running, job start to last message consumed: {path_s:.1f} s "
+                  f"({args.path_rows / path_s:,.0f} msg/s end to end)."]
+    return "\n".join(lines) + "\n"
 
+
+async def run(args: argparse.Namespace, admin_dsn: str, facts: dict[str, Any],
+              ) -> tuple[list[dict[str, Any]], float]:
+    """Every write of every round on a database of its own; (runs, whole-path seconds)."""
     name = f"bench_spark_{secrets.token_hex(3)}"
-    admin = await asyncpg.connect(ADMIN_DSN)
+    admin = await asyncpg.connect(admin_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+    dsn = admin_dsn.rsplit("/", 1)[0] + "/" + name
     conn = await asyncpg.connect(dsn)
     await migrate(conn, TableNames(None, "queue_message", "queue_message_notify"),
                   NotifyMode.ALWAYS)
@@ -154,10 +191,11 @@ async def main() -> None:
         "spark.ui.enabled": "false", "spark.executor.memory": "700m",
         "spark.cores.max": "2", "spark.pyspark.python": sys.executable})  # copy: executors
     spark.sparkContext.setLogLevel("ERROR")
-    session_s = time.monotonic() - t0
+    facts |= {"session_s": time.monotonic() - t0, "master": args.master,
+              "pyspark": spark.version}
     print(f"master {master}, pyspark {spark.version}", flush=True)
     modes = args.modes.split(",")
-    rates: dict[str, list[float]] = {m: [] for m in modes}
+    runs: list[dict[str, Any]] = []
     try:
         df = frame(spark, args.rows, "bench", "w")
         plain_append(frame(spark, 10_000, "bench", "warm"), dsn)  # JIT and driver warm-up
@@ -166,14 +204,17 @@ async def main() -> None:
             order = modes[r % n:] + modes[:r % n]  # rotate: noise hits all modes
             for mode in order:
                 await truncate(dsn)
+                load = [round(x, 2) for x in os.getloadavg()]
                 started = time.monotonic()
                 if mode == "plain":
                     plain_append(df, dsn)
                 else:
                     write_outbox(df, dsn=dsn, mode=mode)
                 elapsed = time.monotonic() - started
-                rates[mode].append(args.rows / elapsed)
-                print(f"round {r + 1} {mode:<7} {args.rows / elapsed:>9,.0f} rows/s", flush=True)
+                runs.append({"round": r + 1, "mode": mode, "rows_per_s": args.rows / elapsed,
+                             "seconds": elapsed, "load_before": load})
+                print(f"round {r + 1} {mode:<7} {args.rows / elapsed:>9,.0f} rows/s "
+                      f"(load before {load})", flush=True)
         await truncate(dsn)
         path_s = await whole_path(spark, dsn, args.path_rows) if args.path_rows else 0.0
     finally:
@@ -182,22 +223,43 @@ async def main() -> None:
             cluster.stop()
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+    return runs, path_s
 
-    print(f"\nmachine: {platform.node()} {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, session start {session_s:.1f}s")
-    print(f"{args.rows:,} rows per write, {args.rounds} rounds\n")
-    print("| mode | median rows/s | min–max rows/s | median ratio to plain append |")
-    print("|---|---:|---:|---:|")
-    for mode, values in rates.items():
-        ratios = [v / p for v, p in zip(values, rates.get("plain", values), strict=True)]
-        print(f"| {mode} | {statistics.median(values):,.0f} | {min(values):,.0f}–"
-              f"{max(values):,.0f} | {statistics.median(ratios):.2f} |")
-    if not args.path_rows:
-        return
-    print(f"\nwhole path, staged write of {args.path_rows:,} rows with one relay running, job "
-          f"start to last message consumed: {path_s:.1f}s "
-          f"({args.path_rows / path_s:,.0f} msg/s end to end)")
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--path-rows", type=int, default=200_000, help="0: skip the path")
+    parser.add_argument("--master", default="standalone")
+    parser.add_argument("--modes", default="plain,staged,copy,append")
+    parser.add_argument("--server", default="private", choices=("private", "shared"),
+                        help="PostgreSQL: a private initdb cluster with the server's defaults "
+                        "(bench/server.py) or the machine's own (BENCH_PG_DSN)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "spark-RESULTS.md")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from bench.common import load_before, machine
+    from bench.server import private_server
+
+    facts: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        "command": "python bench/spark/run.py " + shlex.join(sys.argv[1:]),
+        "machine": machine(), "load": load_before(),
+    }
+    print(f"{facts['date']}, load average before the run: {facts['load']}", flush=True)
+    if args.server == "private":
+        with private_server() as dsn:
+            facts["server"] = "a private initdb cluster with the server's defaults"
+            runs, path_s = asyncio.run(run(args, dsn, facts))
+    else:
+        facts["server"] = f"the machine's own ({ADMIN_DSN.rsplit('@', 1)[-1]})"
+        runs, path_s = asyncio.run(run(args, ADMIN_DSN, facts))
+    text = report(args, facts, runs, path_s)
+    args.out.write_text(text)
+    print(text)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
