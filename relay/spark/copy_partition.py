@@ -1,5 +1,9 @@
 """Copy mode, the executor side: each partition COPYs into a temporary table and merges it
-with ON CONFLICT DO NOTHING, in one transaction per partition (psycopg 3)."""
+with ON CONFLICT DO NOTHING, in one transaction per partition (psycopg 3).
+
+The rows reach the executor's Python as Arrow record batches (`DataFrame.mapInArrow`): no
+`df.rdd`, no pickled Row objects. Needs pyarrow and psycopg on the executors (the `spark`
+extra)."""
 
 from __future__ import annotations
 
@@ -13,11 +17,14 @@ from relay.spark.frame import Prepared
 from relay.spark.sql import StageShape
 from relay.spark.target import Target
 
+# What each partition's task returns (CopyPartition.__call__), as Spark's DDL.
+RESULT_SCHEMA = "staged long, inserted long, clash string"
+
 
 @dataclass(frozen=True)
 class CopyPartition:
-    """Callable shipped to executors by `rdd.mapPartitions`: yields one (rows, inserted,
-    conflicting id or None) per partition.
+    """Callable shipped to executors by `mapInArrow`: yields one record batch (rows, inserted,
+    conflicting id or null) per partition.
 
     A retried task repeats the whole partition; its rows carry the same ids, so the merge
     skips the ones an earlier attempt committed. `dsn` is the driver's fully resolved
@@ -31,25 +38,35 @@ class CopyPartition:
     merge_sql: str
     application_name: str = "outbox-relay-spark-copy"
 
-    def __call__(self, rows: Iterable[Any]) -> Iterator[tuple[int, int, str | None]]:
-        """Write one partition; yield (rows staged, rows inserted, None), or (0, 0, id) for an
-        id two rows give different content (nothing of the partition committed)."""
+    def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Write one partition (its Arrow record batches); yield one batch of one row:
+        (rows staged, rows inserted, null), or (0, 0, id) for an id two rows give different
+        content (nothing of the partition committed)."""
         import psycopg
+        import pyarrow as pa
+
+        def result(staged: int, inserted: int, clash: str | None) -> Any:
+            return pa.RecordBatch.from_pydict(
+                {"staged": [staged], "inserted": [inserted], "clash": [clash]},
+                schema=pa.schema([("staged", pa.int64()), ("inserted", pa.int64()),
+                                  ("clash", pa.string())]))
 
         with psycopg.connect(self.dsn, application_name=self.application_name) as conn:
             # psycopg opens a transaction on first use; the `with` commits it at the end.
             conn.execute(self.create_sql)
             with conn.cursor().copy(self.copy_sql) as copy:
-                for row in rows:
-                    copy.write_row(row)
+                for batch in batches:
+                    for row in zip(*(column.to_pylist() for column in batch.columns),
+                                   strict=True):
+                        copy.write_row(row)
             clash = conn.execute(self.check_sql).fetchone()
             if clash is not None:
                 conn.rollback()
-                yield 0, 0, str(clash[0])
+                yield result(0, 0, str(clash[0]))
                 return
-            result = conn.execute(self.merge_sql).fetchone()
-        assert result is not None
-        yield int(result[0]), int(result[1]), None
+            merged = conn.execute(self.merge_sql).fetchone()
+        assert merged is not None
+        yield result(int(merged[0]), int(merged[1]), None)
 
 
 def write_copy(
@@ -69,7 +86,7 @@ def write_copy(
     # Rows of one id meet in one partition, so each partition's check sees all of them.
     df = (df.repartition(max_connections, "id") if "id" in df.columns
           else df.coalesce(max_connections))
-    results = df.rdd.mapPartitions(job).collect()
+    results = df.mapInArrow(job, RESULT_SCHEMA).collect()
     clashes = [r[2] for r in results if r[2]]
     if clashes:
         raise OutboxColumnError(
