@@ -61,7 +61,8 @@ async def _replayed(primary_dsn: str, standby_dsn: str) -> bool:
 
 
 async def test_pg_failover__primary_killed_standby_promoted_loses_nothing_and_resumes(
-    pg_pair: PrimaryStandby, amqp_url: str, broker_names: tuple[str, str], tmp_path: Path
+    pg_pair: PrimaryStandby, amqp_url: str, broker_names: tuple[str, str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     primary_dsn, standby_dsn = pg_pair.primary.dsn, pg_pair.standby.dsn
     env = Env(pg_dsn=pg_pair.hosts_url(), amqp_url=amqp_url, exchange=broker_names[0],
@@ -101,9 +102,11 @@ async def test_pg_failover__primary_killed_standby_promoted_loses_nothing_and_re
             await wait_until(lambda: _empty(standby_dsn), timeout_s=60, what="an empty outbox")
             outcome = report("postgres failover (kill -9 primary, promote standby)", ids,
                              consumer)
-            print(f"[ha] delivery resumed {resumed_s:.1f}s after the promotion; "
-                  f"{before} receipts before it; rows={ROWS}; rows held at the kill: "
-                  f"{held.rows} (in flight: {held.in_flight})")
+            with capsys.disabled():  # in the suite's output, passed or not
+                print(f"\n[ha] postgres failover: lost={outcome.lost}, relay republished="
+                      f"{outcome.republished} (bound: {held.rows} rows held at the kill, "
+                      f"in flight: {held.in_flight}); delivery resumed {resumed_s:.1f}s after "
+                      f"the promotion; {before} receipts before it; rows={ROWS}")
             assert (outcome.lost, outcome.unexpected) == (0, 0)
             assert_exactly_delivered(ids, consumer, outcome, held.rows)
             assert resumed_s < RESUME_BOUND_S
