@@ -16,7 +16,7 @@ from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
 from relay.settings import NotifyMode, Settings
 from tests import services
-from tests.helpers import Consumer, Env, RelayProcess, with_database
+from tests.helpers import Consumer, Env, RelayProcess, pg_session, with_database
 from tests.servers.rabbitmq_node import RabbitNode
 
 RUN_ID = secrets.token_hex(3)
@@ -74,11 +74,8 @@ async def template_db(pg_admin_dsn: str) -> AsyncIterator[str]:
     admin = await asyncpg.connect(pg_admin_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
-        conn = await asyncpg.connect(with_database(pg_admin_dsn, name))
-        try:
+        async with pg_session(with_database(pg_admin_dsn, name)) as conn:
             await migrate(conn, NAMES, DEFAULT_NOTIFY_MODE)
-        finally:
-            await conn.close()
         yield name
     finally:
         await _drop_database(admin, name)
@@ -109,11 +106,8 @@ async def db(pg_admin_dsn: str, template_db: str, notify_mode: NotifyMode) -> As
     """DSN of a migrated database of this test's own, in the test's notify mode."""
     async for dsn in _scratch_database(pg_admin_dsn, template_db):
         if notify_mode is not DEFAULT_NOTIFY_MODE:
-            conn = await asyncpg.connect(dsn)
-            try:
+            async with pg_session(dsn) as conn:
                 await migrate(conn, NAMES, notify_mode)
-            finally:
-                await conn.close()
         yield dsn
 
 

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,8 +215,19 @@ async def count_rows(dsn: str, table: str = "queue_message") -> int:
     return int(await pg_fetchval(dsn, f"SELECT count(*) FROM {table}"))
 
 
+@asynccontextmanager
+async def pg_session(dsn: str | None = None, **kwargs: Any) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of the test's own for several statements (a transaction, a session kept
+    while the relay runs), closed when the block ends."""
+    conn = await asyncpg.connect(dsn, **kwargs)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
 # One statement on a connection of its own, for a test that reads or changes the database
-# once (a session kept across statements, or a transaction, opens its own connection).
+# once (a session kept across statements, or a transaction: pg_session above).
 
 async def pg_fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
     """Every row of one statement."""

@@ -19,9 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
-import asyncpg
 
-from tests.helpers import Env, RelayProcess, count_rows, pg_execute, wait_until
+from tests.helpers import Env, RelayProcess, count_rows, pg_execute, pg_session, wait_until
 from tests.proxy import TcpProxy
 
 QUIET_S = 5.0  # nothing arrives for this long while nothing is left anywhere: a loss
@@ -123,15 +122,12 @@ class RobustConsumer:
 
 async def outbox_state(dsn: str, missing: list[str]) -> str:
     """Where missing rows are: still in the outbox (and their attempts), or dead."""
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with pg_session(dsn) as conn:
         live = await conn.fetch(
             "SELECT attempts, last_error, available_at > now() AS later, count(*) "
             "FROM queue_message WHERE id = ANY($1::uuid[]) GROUP BY 1, 2, 3", missing)
         dead = await conn.fetchval(
             "SELECT count(*) FROM queue_message_dead WHERE id = ANY($1::uuid[])", missing)
-    finally:
-        await conn.close()
     return f"in the outbox: {[tuple(r) for r in live]}; dead: {dead}"
 
 

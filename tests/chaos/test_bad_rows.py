@@ -8,7 +8,6 @@ import random
 import uuid
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from tests.chaos.harness import (
@@ -18,7 +17,7 @@ from tests.chaos.harness import (
     relays,
     report,
 )
-from tests.helpers import Env, dead_reasons, wait_until
+from tests.helpers import Env, dead_reasons, pg_session, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -56,16 +55,13 @@ async def test_bad_rows__dead_lettered_with_reasons_while_good_rows_flow_exactly
             x = None if exchange == "<null>" else (exchange or env.exchange)
             rows.insert(rng.randrange(len(rows)), (rid, x, key, content, options))
 
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         # A table of the classic shape allows NULLs; such rows must be dead-lettered, not crash.
         await conn.execute("ALTER TABLE queue_message ALTER COLUMN content DROP NOT NULL, "
                            "ALTER COLUMN exchange DROP NOT NULL")
         await conn.executemany(
             "INSERT INTO queue_message (id, exchange, routing_key, content, options) "
             "VALUES ($1, $2, $3, $4::jsonb, $5::jsonb)", rows)
-    finally:
-        await conn.close()
 
     consumer = await RobustConsumer(env.amqp_url, env.queue).start()
     try:

@@ -9,11 +9,10 @@ from collections import Counter
 from collections.abc import Iterator
 
 import aio_pika
-import asyncpg
 import pytest
 
 from tests.chaos.harness import broker_user
-from tests.helpers import Consumer, Env, count_rows, wait_until, with_user
+from tests.helpers import Consumer, Env, count_rows, pg_session, wait_until, with_user
 
 
 @pytest.fixture
@@ -40,14 +39,11 @@ async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blame
     rows = [(env.exchange, env.routing_key, {"good": i}) for i in range(900)]
     for at, target in ((150, "amq.rabbitmq.trace"), (450, forbidden), (750, "amq.rabbitmq.trace")):
         rows.insert(at, (target, "rk", {"refused": at}))
-    db = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as db:
         ids = [r[0] for r in await db.fetch(
             "INSERT INTO queue_message (exchange, routing_key, content) "
             "SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[]) RETURNING id::text",
             [r[0] for r in rows], [r[1] for r in rows], [json.dumps(r[2]) for r in rows])]
-    finally:
-        await db.close()
     refused = {row_id for row_id, row in zip(ids, rows, strict=True) if row[0] != env.exchange}
     assert len(refused) == 3
     url = with_user(env.amqp_url, *limited_user)
@@ -57,12 +53,9 @@ async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blame
     receipts = Counter(consumer.ids())
     assert set(receipts) == set(ids) - refused
     assert max(receipts.values()) == 1, [k for k, n in receipts.items() if n > 1][:5]
-    db = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as db:
         dead = {r["id"]: r["reason"] for r in await db.fetch(
             "SELECT id::text, reason FROM queue_message_dead")}
-    finally:
-        await db.close()
     assert set(dead) == refused, dead
     assert all("ACCESS_REFUSED" in reason for reason in dead.values()), dead
     assert all(relay.alive() for relay in relays)

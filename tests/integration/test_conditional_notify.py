@@ -25,7 +25,15 @@ import pytest
 from relay.pg.migrate import migrate
 from relay.pg.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
 from relay.settings import NotifyMode
-from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, pg_fetchval, wait_until
+from tests.helpers import (
+    RELAY_BIN,
+    Env,
+    RelayProcess,
+    count_rows,
+    pg_fetchval,
+    pg_session,
+    wait_until,
+)
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 Q = Queries(NAMES)
@@ -97,11 +105,8 @@ class NotifyCounter:
 @pytest.fixture
 async def cond_env(env: Env) -> Env:
     """The test's database switched to conditional mode (the template has `always`)."""
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
-    finally:
-        await conn.close()
     return env
 
 

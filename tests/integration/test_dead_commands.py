@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-import asyncpg
-
-from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, wait_until
+from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_session, wait_until
 
 DEAD = "queue_message_dead"
 
@@ -93,8 +91,7 @@ async def test_dead_letters__a_reused_id_keeps_every_parked_row_and_replay_says_
     """A producer that reuses an id parked before: `ON CONFLICT (id) DO UPDATE` kept the old
     content and dropped the new row's."""
     missing = "no-such-exchange-reused"
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         row_id = await conn.fetchval(
             "INSERT INTO queue_message (exchange, routing_key, content) "
             "VALUES ($1, 'rk', '{\"version\": 1}') RETURNING id::text", missing)
@@ -119,8 +116,6 @@ async def test_dead_letters__a_reused_id_keeps_every_parked_row_and_replay_says_
             "SELECT content->>'version' FROM queue_message WHERE id = $1", row_id) == "2"
         assert await conn.fetchval(
             f"SELECT content->>'version' FROM {DEAD} WHERE id = $1", row_id) == "1"
-    finally:
-        await conn.close()
 
 
 async def _dead_rows(env: Env, n: int) -> bool:

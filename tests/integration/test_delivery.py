@@ -11,7 +11,7 @@ import asyncpg
 
 from relay.pg.migrate import migration_files
 from relay.settings import Settings
-from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
+from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_session, wait_until
 
 CLASSIC_SCHEMA = """
 CREATE TABLE queue_message (
@@ -45,8 +45,7 @@ async def test_migrate__upgrades_classic_table_in_place_and_relay_delivers_old_a
     empty_db: str, env: Env, consumer: Consumer, start_relay, tmp_path
 ) -> None:
     env.pg_dsn = empty_db
-    conn = await asyncpg.connect(empty_db)
-    try:
+    async with pg_session(empty_db) as conn:
         await conn.execute(CLASSIC_SCHEMA)
         old_ids = [
             r[0]
@@ -57,8 +56,6 @@ async def test_migrate__upgrades_classic_table_in_place_and_relay_delivers_old_a
                 env.exchange,
             )
         ]
-    finally:
-        await conn.close()
 
     from tests.helpers import RelayProcess
 
@@ -66,8 +63,7 @@ async def test_migrate__upgrades_classic_table_in_place_and_relay_delivers_old_a
     assert migrate.proc is not None
     assert migrate.proc.wait(timeout=60) == 0, migrate.log_text()
 
-    conn = await asyncpg.connect(empty_db)
-    try:
+    async with pg_session(empty_db) as conn:
         triggers = await conn.fetch(
             "SELECT tgname FROM pg_trigger WHERE tgrelid = 'queue_message'::regclass "
             "AND NOT tgisinternal"
@@ -75,8 +71,6 @@ async def test_migrate__upgrades_classic_table_in_place_and_relay_delivers_old_a
         assert [t["tgname"] for t in triggers] == ["queue_message_notify"]
         assert await conn.fetchval("SELECT count(*) FROM queue_message") == 500
         assert await conn.fetchval("SELECT count(DISTINCT seq) FROM queue_message") == 500
-    finally:
-        await conn.close()
 
     relay = start_relay(poll_interval_s=60)
     await consumer.wait_for(500)
@@ -101,12 +95,9 @@ async def test_migrate__concurrent_runs_are_safe_and_idempotent(empty_db: str, e
     assert codes == [0, 0, 0], [r.log_text() for r in runs]
     texts = [r.log_text() for r in runs]
     assert sum("already up to date" in t for t in texts) == 2
-    conn = await asyncpg.connect(empty_db)
-    try:
+    async with pg_session(empty_db) as conn:
         applied = await conn.fetchval("SELECT count(*) FROM relay_migrations")
         assert applied == len(migration_files())
-    finally:
-        await conn.close()
 
 
 async def test_replicas__three_relays_and_four_producers_deliver_every_row_exactly_once(
@@ -166,8 +157,7 @@ async def test_lost_notification__rows_committed_while_listen_connection_is_down
     env: Env, consumer: Consumer, start_relay
 ) -> None:
     relay = start_relay(poll_interval_s=120)
-    admin = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as admin:
         await wait_until(lambda: _listener_backend(admin), what="the relay's LISTEN connection")
         expected: list[str] = []
         # Commit while the LISTEN backend is gone; repeat until the commit provably happened
@@ -193,8 +183,6 @@ async def test_lost_notification__rows_committed_while_listen_connection_is_down
                 break
         else:
             raise AssertionError("could not commit inside the LISTEN outage in 5 attempts")
-    finally:
-        await admin.close()
     assert sorted(set(consumer.ids())) == sorted(expected)
     lost = [e for e in relay.log_events()
             if e.get("event") == "connection_lost" and e.get("connection") == "listener"]
@@ -252,16 +240,13 @@ async def test_options__amqplib_and_snake_case_names_arrive_as_amqp_properties(
 async def test_body__is_the_stored_json_text_byte_for_byte(
     env: Env, consumer: Consumer, start_relay
 ) -> None:
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         row_id = await conn.fetchval(
             "INSERT INTO queue_message (exchange, routing_key, content) "
             "VALUES ($1, 'rk', $2::jsonb) RETURNING id::text",
             env.exchange, '{"amount": 12.50, "name": "Zoë ✓", "nested": {"a": [1, 2]}}',
         )
         stored = await conn.fetchval("SELECT content::text FROM queue_message")
-    finally:
-        await conn.close()
     relay = start_relay()
     await consumer.wait_for(1)
     assert consumer.messages[0].message_id == row_id

@@ -7,7 +7,7 @@ import asyncpg
 import pytest
 
 from relay.pg.queries import Queries, TableNames
-from tests.helpers import Env, RelayProcess, insert_rows, wait_until
+from tests.helpers import Env, RelayProcess, insert_rows, pg_session, wait_until
 
 BARE = Queries(TableNames(None, "queue_message", "queue_message_notify"))
 QUALIFIED = Queries(TableNames("public", "queue_message", "queue_message_notify"))
@@ -41,8 +41,7 @@ async def test_fence__both_spellings_of_the_table_wait_for_one_lock(db: str) -> 
 
 async def test_ordering_key_lock__is_keyed_on_the_table_oid(db: str) -> None:
     await insert_rows(db, "x", "rk", [1, 2])
-    conn = await asyncpg.connect(db)
-    try:
+    async with pg_session(db) as conn:
         await conn.execute("UPDATE queue_message SET ordering_key = 'k'")
         async with conn.transaction():
             rows = await conn.fetch(QUALIFIED["claim_keyed"], 10, 4, False, 1 << 30)
@@ -51,8 +50,6 @@ async def test_ordering_key_lock__is_keyed_on_the_table_oid(db: str) -> None:
                 "WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid()")
             oid = await conn.fetchval("SELECT 'queue_message'::regclass::oid::bigint")
             key_hash = await conn.fetchval("SELECT hashtext('k')::bigint & 4294967295")
-    finally:
-        await conn.close()
     assert len(rows) == 2
     assert [(r["high"], r["low"]) for r in locks] == [(oid, key_hash)]
 

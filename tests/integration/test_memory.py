@@ -8,11 +8,10 @@ import json
 import re
 from pathlib import Path
 
-import asyncpg
 import pytest
 import yaml
 
-from tests.helpers import Consumer, Env, count_rows, pg_execute, wait_until
+from tests.helpers import Consumer, Env, count_rows, pg_execute, pg_session, wait_until
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "deployment.yaml"
 
@@ -44,19 +43,15 @@ async def test_rows_near_the_size_limit_committed_together__peak_memory_under_th
     """Twelve 15 MiB rows took a relay to 483 MiB (limit 384 MiB): every replica that claimed
     them was OOM-killed, in a loop, and the line stopped."""
     body = '"' + "x" * (15 * 1024 * 1024 - 2) + '"'
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
-        async with conn.transaction():
-            for _ in range(12):
-                await conn.execute(
-                    "INSERT INTO queue_message (exchange, routing_key, content) "
-                    "VALUES ($1, $2, $3::jsonb)", env.exchange, env.routing_key, body)
+    async with pg_session(env.pg_dsn) as conn, conn.transaction():
+        for _ in range(12):
             await conn.execute(
                 "INSERT INTO queue_message (exchange, routing_key, content) "
-                "SELECT $1, $2, jsonb_build_object('n', g) FROM generate_series(1, 300) g",
-                env.exchange, env.routing_key)
-    finally:
-        await conn.close()
+                "VALUES ($1, $2, $3::jsonb)", env.exchange, env.routing_key, body)
+        await conn.execute(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "SELECT $1, $2, jsonb_build_object('n', g) FROM generate_series(1, 300) g",
+            env.exchange, env.routing_key)
     relay = start_relay(poll_interval_s=1)
     await consumer.wait_for(312, timeout_s=120)
     await wait_until(lambda: _empty(env), what="an empty outbox")

@@ -7,7 +7,7 @@ import subprocess
 
 import asyncpg
 
-from tests.helpers import RELAY_BIN, Env, pg_fetchval
+from tests.helpers import RELAY_BIN, Env, pg_fetchval, pg_session
 
 
 def _env(pg_dsn: str, amqp_url: str) -> Env:
@@ -83,12 +83,9 @@ async def test_migrate_check__exits_1_while_pending_and_0_once_applied(
 async def test_run__refuses_a_schema_older_than_it_needs_and_names_the_fix(
     db: str, amqp_url: str
 ) -> None:
-    conn = await asyncpg.connect(db)
-    try:
+    async with pg_session(db) as conn:
         latest = await conn.fetchval("SELECT max(version) FROM relay_migrations")
         await conn.execute("DELETE FROM relay_migrations WHERE version = $1", latest)
-    finally:
-        await conn.close()
     env = _env(db, amqp_url)
     for command in ("run", "status"):
         done = relay(env, command)

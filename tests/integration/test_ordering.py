@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from relay.settings import Settings
-from tests.helpers import Env, RelayProcess, count_rows, pg_fetchval, wait_until
+from tests.helpers import Env, RelayProcess, count_rows, pg_fetchval, pg_session, wait_until
 
 KEYS = 50
 VALUES_PER_KEY = 600  # 30,000 rows
@@ -99,8 +99,7 @@ async def ordered_consumer(env: Env) -> AsyncIterator[OrderedConsumer]:
 
 async def produce(dsn: str, exchange: str, keys: list[str], chunk: int, pause_s: float) -> None:
     """Write each key's values 0..VALUES_PER_KEY-1 in order, `chunk` per key per transaction."""
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with pg_session(dsn) as conn:
         for start in range(0, VALUES_PER_KEY, chunk):
             rows = [(k, v) for k in keys for v in range(start, start + chunk)]
             await conn.execute(
@@ -111,8 +110,6 @@ async def produce(dsn: str, exchange: str, keys: list[str], chunk: int, pause_s:
                 exchange, [k for k, _ in rows], [v for _, v in rows],
             )
             await asyncio.sleep(pause_s)
-    finally:
-        await conn.close()
 
 
 async def test_keyed_rows__arrive_in_key_order_with_three_replicas_killed_every_2s(
@@ -167,16 +164,13 @@ async def _drained(env: Env) -> bool:
 
 async def _insert(dsn: str, rows: list[tuple[str, str, str | None]], exchange: str) -> None:
     """Insert (routing_key, label, key) rows in order; label goes into the body as `v`."""
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with pg_session(dsn) as conn:
         for rk, label, key in rows:
             await conn.execute(
                 "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
                 "VALUES ($1, $2, jsonb_build_object('k', $3::text, 'v', $4::text), $3)",
                 exchange, rk, key, label,
             )
-    finally:
-        await conn.close()
 
 
 async def _fetch(dsn: str, sql: str, *args: Any) -> Any:
@@ -263,8 +257,7 @@ async def test_single_active__standby_takes_over_within_the_bound_and_loses_noth
     leader, standby = leaders[0], next(r for r in relays if r is not leaders[0])
     assert "standing_by" in standby.log_text()
 
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         async def write(start: int, n: int) -> None:
             await conn.execute(
                 "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
@@ -285,8 +278,6 @@ async def test_single_active__standby_takes_over_within_the_bound_and_loses_noth
         assert elected_at is not None, "leader_elected has no timestamp"
         takeover_s = elected_at - killed_at
         await consumer.wait_for(4000, timeout_s=40)
-    finally:
-        await conn.close()
     assert takeover_s < poll_s + 2.0, takeover_s
     numbers = [b["n"] for b in consumer.bodies()]
     assert set(numbers) == set(range(4000))
@@ -371,8 +362,7 @@ async def test_single_active__a_leader_whose_lock_session_ends__stops_and_exits_
     restart it as a standby; noticed from the session's end, not only by the next ping."""
     relay = start_relay(mode="single-active", leader_poll_interval_s=5)
     await wait_until(lambda: "leader_elected" in relay.log_text(), what="the leader")
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         ended = await conn.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND application_name LIKE 'outbox-relay leader %'")
@@ -381,8 +371,6 @@ async def test_single_active__a_leader_whose_lock_session_ends__stops_and_exits_
         await wait_until(lambda: not relay.alive(), timeout_s=10,
                          what="the leader's exit after its lock session ended")
         exit_s = time.monotonic() - ended_at
-    finally:
-        await conn.close()
     assert "leadership_lost" in relay.log_text()
     assert relay.proc is not None
     assert relay.proc.returncode != 0

@@ -17,8 +17,9 @@ import subprocess
 import venv
 from pathlib import Path
 
-import asyncpg
 import yaml
+
+from tests.helpers import pg_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,8 +87,7 @@ async def test_packaging__fresh_venv_install_runs_help_migrate_and_status(
     # The KEDA scaler's query (deploy/k8s) runs on the migrated table and counts due rows.
     scaled = next(d for d in yaml.safe_load_all(
         (ROOT / "deploy/k8s/keda-scaledobject.yaml").read_text()) if d["kind"] == "ScaledObject")
-    conn = await asyncpg.connect(empty_db)
-    try:
+    async with pg_session(empty_db) as conn:
         await conn.execute("INSERT INTO queue_message (exchange, routing_key, content) "
                            "SELECT 'x', 'k', '{}' FROM generate_series(1, 3)")
         await conn.execute("INSERT INTO queue_message (exchange, content, available_at) "
@@ -96,5 +96,3 @@ async def test_packaging__fresh_venv_install_runs_help_migrate_and_status(
         for role in (producer, relay_role):
             await conn.execute(f"DROP OWNED BY {role}")
             await conn.execute(f"DROP ROLE {role}")
-    finally:
-        await conn.close()

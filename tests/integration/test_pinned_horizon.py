@@ -18,7 +18,7 @@ import pytest
 from relay.pg.queries import Queries
 from relay.pg.seqfloor import SWEEP
 from tests.conftest import NAMES
-from tests.helpers import Consumer, Env, count_rows, insert_rows, wait_until
+from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_session, wait_until
 
 
 @pytest.fixture
@@ -55,8 +55,7 @@ async def test_with_the_horizon_pinned__a_floored_claim_steps_over_none_of_the_d
     """The floor is an index bound: the claim from the floor reads its 500 rows' entries, the
     claim from the bottom every deleted row's entry (and its heap tuple) as well."""
     await insert_rows(env.pg_dsn, env.exchange, env.routing_key, ({"n": i} for i in range(30_000)))
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         await conn.execute("ANALYZE queue_message")
         live_from = await conn.fetchval(
             "SELECT seq FROM queue_message ORDER BY seq OFFSET 29500 LIMIT 1")
@@ -64,8 +63,6 @@ async def test_with_the_horizon_pinned__a_floored_claim_steps_over_none_of_the_d
         claim = Queries(NAMES)["claim_batch"]
         bottom = await _index_entries_read(conn, claim, 500, 24 << 20, SWEEP)
         floored = await _index_entries_read(conn, claim, 500, 24 << 20, live_from)
-    finally:
-        await conn.close()
     assert floored <= 1_000, (floored, bottom)
     assert bottom >= 29_500, (floored, bottom)
 

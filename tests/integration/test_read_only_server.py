@@ -3,14 +3,13 @@ read-only) is dropped and retried, never used to claim, lock or LISTEN."""
 
 from __future__ import annotations
 
-import asyncpg
 import pytest
 
 from relay.errors import DatabaseUnavailable
 from relay.pg.connection import connect
 from relay.pg.store import Outbox
 from relay.settings import Settings
-from tests.helpers import Consumer, Env, RelayProcess, insert_rows, wait_until
+from tests.helpers import Consumer, Env, RelayProcess, insert_rows, pg_session, wait_until
 
 
 def _any_server(dsn: str) -> str:
@@ -19,14 +18,11 @@ def _any_server(dsn: str) -> str:
 
 
 async def _set_read_only(dsn: str, on: bool) -> None:
-    conn = await asyncpg.connect(dsn, server_settings={"default_transaction_read_only": "off"})
-    try:
+    async with pg_session(dsn, server_settings={"default_transaction_read_only": "off"}) as conn:
         name = await conn.fetchval("SELECT current_database()")
         action = "SET default_transaction_read_only = on" if on else (
             "RESET default_transaction_read_only")
         await conn.execute(f'ALTER DATABASE "{name}" {action}')
-    finally:
-        await conn.close()
 
 
 async def test_connect__refuses_a_read_only_server(db: str) -> None:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, wait_until
+from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, pg_session, wait_until
 from tests.integration.test_http import http_get
 from tests.proxy import free_port
 
@@ -72,8 +72,7 @@ async def roles(env: Env) -> AsyncIterator[Roles]:
 async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
     env: Env, roles: Roles, consumer: Consumer, start_relay
 ) -> None:
-    producer = await asyncpg.connect(as_user(env.pg_dsn, roles.producer_login))
-    try:
+    async with pg_session(as_user(env.pg_dsn, roles.producer_login)) as producer:
         await producer.executemany(
             "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3)",
             [(env.exchange, env.routing_key, json.dumps({"n": i})) for i in range(10)],
@@ -87,14 +86,11 @@ async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
         ):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await producer.execute(sql)
-    finally:
-        await producer.close()
 
     relay = start_relay(pg_dsn=as_user(env.pg_dsn, roles.relay_login))
     await consumer.wait_for(10)
     await wait_until(lambda: _empty(env), what="outbox drained by the relay role")
-    admin = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as admin:
         users = {r[0] for r in await admin.fetch(
             "SELECT usename FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%' "
                 "AND datname = current_database()"
@@ -105,8 +101,6 @@ async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
                 await relay_conn.execute("DROP TABLE queue_message")
         finally:
             await relay_conn.close()
-    finally:
-        await admin.close()
     assert users == {roles.relay_login}
     status = relay_cmd(env, "status", "--json", pg_dsn=as_user(env.pg_dsn, roles.relay_login))
     assert status.returncode == 0, status.stderr
@@ -186,8 +180,7 @@ async def test_secrets__no_password_in_logs_errors_status_or_metrics(
 async def test_roles__producer_may_insert_only_the_columns_an_application_sets(
     env: Env, roles: Roles
 ) -> None:
-    producer = await asyncpg.connect(as_user(env.pg_dsn, roles.producer_login))
-    try:
+    async with pg_session(as_user(env.pg_dsn, roles.producer_login)) as producer:
         await producer.execute(
             "INSERT INTO queue_message (id, exchange, routing_key, content, options, "
             "ordering_key, available_at) VALUES (gen_random_uuid(), $1, 'rk', '{}', "
@@ -206,8 +199,6 @@ async def test_roles__producer_may_insert_only_the_columns_an_application_sets(
             "SELECT has_sequence_privilege(pg_get_serial_sequence('queue_message', 'seq'), "
             "'USAGE')")
         assert usage is False
-    finally:
-        await producer.close()
     assert await count_rows(env.pg_dsn) == 2
 
 
@@ -215,14 +206,11 @@ async def test_roles__relay_role_cannot_insert_yet_replays_through_the_definer_f
     env: Env, roles: Roles
 ) -> None:
     relay_dsn = as_user(env.pg_dsn, roles.relay_login)
-    admin = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as admin:
         await admin.execute(
             "INSERT INTO queue_message_dead (id, seq, exchange, routing_key, content, "
             "created_at, available_at, attempts, reason) VALUES (gen_random_uuid(), 1, $1, "
             "'rk', '{}', now(), now(), 3, 'exchange_not_found')", env.exchange)
-    finally:
-        await admin.close()
     relay_conn = await asyncpg.connect(relay_dsn)
     producer = await asyncpg.connect(as_user(env.pg_dsn, roles.producer_login))
     try:
@@ -248,8 +236,7 @@ async def test_roles__relay_login_cannot_forge_a_message_yet_parks_and_replays(
     outbox (a forged message), and UPDATE any outbox column (content, exchange)."""
     good = await _admin_insert(env, "no-such-exchange-" + roles.relay)
     relay_dsn = as_user(env.pg_dsn, roles.relay_login)
-    relay_conn = await asyncpg.connect(relay_dsn)
-    try:
+    async with pg_session(relay_dsn) as relay_conn:
         for sql in (
             "INSERT INTO queue_message_dead (id, exchange, routing_key, content, created_at, "
             "available_at, attempts, reason) VALUES (gen_random_uuid(), 'x', 'rk', '{}', now(), "
@@ -264,8 +251,6 @@ async def test_roles__relay_login_cannot_forge_a_message_yet_parks_and_replays(
         # What the relay does write stays allowed.
         await relay_conn.execute("UPDATE queue_message SET attempts = 0, last_error = NULL, "
                                  "available_at = now()")
-    finally:
-        await relay_conn.close()
     # The relay parks the row under its role (through the definer function)...
     relay = start_relay(pg_dsn=relay_dsn, max_attempts=1)
     await wait_until(lambda: _dead_count(env, 1), what="the row parked by the relay role")
@@ -274,22 +259,16 @@ async def test_roles__relay_login_cannot_forge_a_message_yet_parks_and_replays(
     # ...and replays it: the row is back with its content.
     done = relay_cmd(env, "dead", "replay", "--all", pg_dsn=relay_dsn)
     assert done.returncode == 0, done.stderr
-    admin = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as admin:
         assert await admin.fetchval("SELECT content->>'n' FROM queue_message WHERE id = $1",
                                     good) == "1"
-    finally:
-        await admin.close()
 
 
 async def _admin_insert(env: Env, exchange: str) -> str:
-    admin = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as admin:
         return str(await admin.fetchval(
             "INSERT INTO queue_message (exchange, routing_key, content) "
             "VALUES ($1, 'rk', '{\"n\": 1}') RETURNING id", exchange))
-    finally:
-        await admin.close()
 
 
 async def _dead_count(env: Env, n: int) -> bool:

@@ -10,9 +10,7 @@ import subprocess
 import zlib
 from pathlib import Path
 
-import asyncpg
-
-from tests.helpers import Env, insert_rows, wait_until
+from tests.helpers import Env, insert_rows, pg_session, wait_until
 from tests.integration.test_http import http_get
 from tests.proxy import free_port
 
@@ -48,8 +46,7 @@ def png_size_and_colours(path: Path) -> tuple[int, int, int]:
 
 
 async def _add_dead_letters(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with pg_session(dsn) as conn:
         await conn.execute(
             "INSERT INTO queue_message_dead (id, created_at, available_at, attempts, reason) "
             "SELECT gen_random_uuid(), now(), now(), 3, CASE WHEN g <= 4 "
@@ -58,8 +55,6 @@ async def _add_dead_letters(dsn: str) -> None:
         await conn.execute(
             "INSERT INTO queue_message (exchange, routing_key, content, available_at) "
             "SELECT 'later', 'rk', '{}', now() + interval '1 hour' FROM generate_series(1, 12)")
-    finally:
-        await conn.close()
 
 
 async def test_status_page__renders_in_headless_chromium_with_the_relay_figures(
@@ -108,8 +103,7 @@ async def test_status_page__says_why_when_the_database_cannot_be_read(
         return (await http_get(port, "/status"))[0] == 200
 
     await wait_until(up, timeout_s=60, what="status page")
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                            "WHERE application_name LIKE 'outbox-relay status %'")
         await conn.execute("ALTER TABLE queue_message_dead RENAME TO queue_message_dead_x")
@@ -120,6 +114,4 @@ async def test_status_page__says_why_when_the_database_cannot_be_read(
 
         await wait_until(explains, timeout_s=30, what="status page 503 with the reason")
         await conn.execute("ALTER TABLE queue_message_dead_x RENAME TO queue_message_dead")
-    finally:
-        await conn.close()
     await wait_until(up, timeout_s=30, what="status page back")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import asyncpg
-
 from tests.helpers import (
     Consumer,
     Env,
@@ -15,14 +13,14 @@ from tests.helpers import (
     dead_reasons,
     pg_fetchrow,
     pg_fetchval,
+    pg_session,
     wait_until,
 )
 
 
 async def _insert(env: Env, rows: list[tuple[str, str, Any, dict[str, Any] | None]]) -> list[str]:
     """Insert (exchange, routing key, body, options) rows in one transaction; return ids."""
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         ids = []
         async with conn.transaction():
             for exchange, key, body, options in rows:
@@ -32,8 +30,6 @@ async def _insert(env: Env, rows: list[tuple[str, str, Any, dict[str, Any] | Non
                     exchange, key, json.dumps(body),
                     None if options is None else json.dumps(options)))
         return ids
-    finally:
-        await conn.close()
 
 
 def _good(env: Env, n: int, tag: str) -> list[tuple[str, str, Any, None]]:

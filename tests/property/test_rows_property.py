@@ -18,12 +18,11 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import asyncpg
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from relay.interfaces import Reason
-from tests.helpers import Consumer, Env, count_rows, dead_reasons, wait_until
+from tests.helpers import Consumer, Env, count_rows, dead_reasons, pg_session, wait_until
 
 EXAMPLES = 300
 ROW = tuple[str, str | None, str | None, Any, Any, dict[str, Any]]
@@ -170,8 +169,7 @@ def _renamed(row: ROW, fresh: dict[str, str]) -> ROW:
 
 
 async def _insert(dsn: str, rows: list[ROW]) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with pg_session(dsn) as conn:
         await conn.executemany(
             "INSERT INTO queue_message (id, exchange, routing_key, content, options, attempts, "
             "available_at, created_at) VALUES ($1::uuid, $2, $3, $4::jsonb, $5::jsonb, "
@@ -181,8 +179,6 @@ async def _insert(dsn: str, rows: list[ROW]) -> None:
               cols.get("attempts"), cols.get("available_at"), cols.get("created_at"))
              for rid, ex, key, body, opts, cols in rows],
         )
-    finally:
-        await conn.close()
 
 
 def _good(env: Env, n: int) -> list[ROW]:

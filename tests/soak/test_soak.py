@@ -17,10 +17,9 @@ import subprocess
 import time
 from typing import Any
 
-import asyncpg
 import pytest
 
-from tests.helpers import Consumer, Env, RelayProcess, count_rows, wait_until
+from tests.helpers import Consumer, Env, RelayProcess, count_rows, pg_session, wait_until
 
 pytestmark = pytest.mark.soak
 
@@ -30,8 +29,7 @@ RELAYS, CONCURRENCY, BATCH = 3, 3, 500
 
 
 async def _produce(dsn: str, exchange: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with pg_session(dsn) as conn:
         for start in range(0, ROWS, CHUNK):
             await conn.execute(
                 "INSERT INTO queue_message (exchange, routing_key, content) "
@@ -39,8 +37,6 @@ async def _produce(dsn: str, exchange: str) -> None:
                 "FROM generate_series($2::int, $3::int) g",
                 exchange, start, start + CHUNK - 1)
             await asyncio.sleep(0.3)
-    finally:
-        await conn.close()
 
 
 def _relay_connections(pids: set[int]) -> list[str]:
@@ -63,8 +59,7 @@ def _close_connections(names: list[str]) -> None:
 
 
 async def _terminate_one_worker_session_each(dsn: str, pids: set[int]) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with pg_session(dsn) as conn:
         rows = await conn.fetch(
             "SELECT DISTINCT ON (split_part(application_name, ' ', 4)) pid, application_name "
             "FROM pg_stat_activity WHERE datname = current_database() "
@@ -74,8 +69,6 @@ async def _terminate_one_worker_session_each(dsn: str, pids: set[int]) -> int:
         for pid in mine:
             await conn.execute("SELECT pg_terminate_backend($1)", pid)
         return len(mine)
-    finally:
-        await conn.close()
 
 
 def _broker_restored(relays: list[RelayProcess]) -> list[dict[str, Any]]:

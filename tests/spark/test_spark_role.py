@@ -11,7 +11,7 @@ import pytest
 
 from relay.errors import ConfigError
 from relay.spark import cleanup_staging, python_outbox_id, write_outbox
-from tests.helpers import pg_fetch, pg_fetchval
+from tests.helpers import pg_fetch, pg_fetchval, pg_session
 from tests.spark.roles import spark_writer_login
 
 pytestmark = pytest.mark.spark
@@ -62,15 +62,12 @@ async def test_spark_role__cannot_read_content_or_change_rows(
     spark: Any, db: str, spark_login: str
 ) -> None:
     write_outbox(frame(spark, 3), dsn=spark_login, key=["order_id"])
-    conn = await asyncpg.connect(spark_login)
-    try:
+    async with pg_session(spark_login) as conn:
         for sql in ("SELECT content FROM queue_message", "DELETE FROM queue_message",
                     "UPDATE queue_message SET attempts = 1", "SELECT * FROM queue_message_dead"):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await conn.execute(sql)
         assert await conn.fetchval("SELECT count(id) FROM queue_message") == 3
-    finally:
-        await conn.close()
 
 
 async def test_spark_role__creates_only_in_the_staging_schema(
@@ -78,20 +75,14 @@ async def test_spark_role__creates_only_in_the_staging_schema(
 ) -> None:
     """The Spark writer had CREATE on the outbox's schema; its staging tables now live in
     <table>_stage, the only schema where it may create anything."""
-    conn = await asyncpg.connect(spark_login)
-    try:
+    async with pg_session(spark_login) as conn:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("CREATE TABLE public.queue_message_shadow (id uuid)")
         await conn.execute("CREATE TABLE queue_message_stage.probe (id uuid)")
         await conn.execute("DROP TABLE queue_message_stage.probe")
-    finally:
-        await conn.close()
     write_outbox(frame(spark, 20), dsn=spark_login, key=["order_id"], mode="staged")
-    admin = await asyncpg.connect(db)
-    try:
+    async with pg_session(db) as admin:
         assert await admin.fetchval("SELECT count(*) FROM queue_message") == 20
         leftovers = await admin.fetchval(
             "SELECT count(*) FROM pg_class WHERE relname LIKE 'relay\\_stage\\_%'")
         assert leftovers == 0
-    finally:
-        await admin.close()
