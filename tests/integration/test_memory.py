@@ -84,7 +84,14 @@ async def test_claims_of_every_kind__stop_at_the_byte_budget_and_keep_key_order(
     relay = start_relay(batch_max_bytes=int(2.5 * 1024 * 1024), mode=mode, log_level="debug",
                         leader_poll_interval_s=0.2)
     await consumer.wait_for(12, timeout_s=60)
-    claimed = [e["claimed"] for e in relay.log_events() if e.get("event") == "batch_settled"]
+
+    def claimed_so_far() -> list[int]:
+        return [e["claimed"] for e in relay.log_events() if e.get("event") == "batch_settled"]
+
+    # A message reaches the consumer before its batch commits and logs batch_settled.
+    await wait_until(lambda: sum(claimed_so_far()) >= 12, timeout_s=30,
+                     what="batch_settled lines for all 12 rows")
+    claimed = claimed_so_far()
     assert sum(claimed) == 12, claimed
     # Rows of 1 MiB against 2.5 MiB: a batch takes rows while the bytes before it are under
     # the budget, so three at most.
