@@ -30,6 +30,7 @@ from relay.loop.worker import Worker, WorkerConfig
 from relay.ops.http import Health, HttpServer
 from relay.ops.metrics import BacklogPoller, RelayMetrics
 from relay.ops.statuspage import StatusPage
+from relay.ops.stuck import waiting_tasks
 from relay.pg.connection import connect, table_names
 from relay.pg.leaderlock import LeaderLock
 from relay.pg.listener import Listener
@@ -225,7 +226,8 @@ async def _stop_worker_when_asked(settings: Settings, worker: Worker,
     supervisors.stop()
     done, _ = await asyncio.wait({worker_task}, timeout=settings.shutdown_timeout_s)
     if not done:
-        log.warning("relay_stop_timeout", detail="rolling back in-flight batches")
+        log.warning("relay_stop_timeout", detail="rolling back in-flight batches",
+                    waiting=waiting_tasks())
         worker_task.cancel()
         with contextlib.suppress(BaseException):
             await worker_task

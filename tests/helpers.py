@@ -116,6 +116,12 @@ class RelayProcess:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout_s)
 
+    async def stop(self, timeout_s: float = 30.0) -> int:
+        """terminate() without blocking the event loop: a proxy the relay talks through, or a
+        consumer, may run on the test's loop, and a blocked loop stalls the relay's last
+        batch (its settle waits on the proxy) past the shutdown timeout."""
+        return await asyncio.to_thread(self.terminate, timeout_s)
+
     def kill(self) -> None:
         """kill -9."""
         if self.proc is not None and self.proc.poll() is None:

@@ -68,7 +68,7 @@ async def test_credentials_rotated_after_start__backs_off_reports_and_delivers_o
         rabbitmqctl("change_password", user, password)
         await consumer.wait_for(10, timeout_s=60)
         assert sorted(set(consumer.ids())) == sorted(first + during)
-        assert relay.terminate() == 0
+        assert await relay.stop() == 0
     finally:
         await proxy.close()
 
@@ -124,7 +124,7 @@ async def test_handshake_reset_by_a_front__waits_like_an_absent_broker_every_lin
         assert sorted(consumer.ids()) == sorted(ids)
         assert front.resets >= 2
         assert relay.alive()
-        assert relay.terminate() == 0
+        assert await relay.stop() == 0
         lines = [line for line in relay.log_text().splitlines() if line.strip()]
         not_json = [line for line in lines if not _is_json(line)]
         assert not not_json, not_json[:5]
@@ -173,7 +173,7 @@ async def test_database_login_refused_after_start__backs_off_and_delivers_once_a
         await admin.execute(f"ALTER ROLE {role} LOGIN")
         await consumer.wait_for(10, timeout_s=60)
         assert sorted(set(consumer.ids())) == sorted(first + during)
-        assert relay.terminate() == 0
+        assert await relay.stop() == 0
     finally:
         await proxy.close()
         await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

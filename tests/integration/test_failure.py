@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from typing import Any
 
 import aio_pika
@@ -164,7 +165,13 @@ async def test_exchange_deleted_after_the_check__channel_close_fails_only_that_r
     bad = await insert_rows(env.pg_dsn, doomed, "", [{"bad": 1}])
     good += await insert_rows(env.pg_dsn, env.exchange, env.routing_key, bodies[15:])
     await consumer.wait_for(30)
-    assert sorted(consumer.ids()) == sorted(good)
+    # Every good row is delivered. The 404 closes the shared channel: the confirms of good rows
+    # sent on it before the doomed one and not yet confirmed die with it, and those rows are
+    # sent again one at a time, so a good row may come twice (at-least-once, docs/failure.md).
+    assert sorted(set(consumer.ids())) == sorted(good)
+    counts = Counter(consumer.ids())
+    assert max(counts.values()) <= 2, counts
+    print(f"duplicates after the channel close: {sum(c - 1 for c in counts.values())}")
     await wait_until(lambda: _dead_count(env, 2), what="the row to the deleted exchange dead")
     (row,) = await _fetch(env.pg_dsn, "SELECT reason FROM queue_message_dead WHERE id = $1",
                           bad[0])

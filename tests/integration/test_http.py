@@ -128,7 +128,7 @@ async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
         await consumer.wait_for(25, timeout_s=60)
         assert set(ids + held) <= set(consumer.ids())
         assert await asyncio.to_thread(_health_cli, relay.env, "--ready") == 0
-        assert relay.terminate() == 0
+        assert await relay.stop() == 0
     finally:
         await proxy.close()
 
