@@ -21,7 +21,7 @@ from typing import Any
 
 import uvloop
 
-from bench import common
+from bench import common, floor
 from bench.common import DEFAULT_MODE, OneOff, create_env, drop_env, wait_quiet
 from bench.latency import latency_once
 
@@ -65,12 +65,14 @@ def latency_tables(records: list[dict[str, Any]], key: str, groups: tuple[str, .
                    ) -> list[str]:
     """Every run's latency, then the medians per rate and group (`key`: build or server)."""
     lines = [f"| {key} | commits/s | connections | run | p50 ms | p95 ms | p99 ms | "
-             "rate reached | load before |", "|---|---|---|---|---|---|---|---|---|"]
+             "rate reached | load before | floor p50 ms: commit / confirm / timer |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(
             f"| {r[key]} | {r['rate']} | {r['connections']} | {r['run']} | "
             f"{r.get('p50_ms')} | {r.get('p95_ms')} | {r.get('p99_ms')} | "
-            f"{r.get('achieved_per_s')} | {r.get('load_before')} |")
+            f"{r.get('achieved_per_s')} | {r.get('load_before')} | "
+            f"{floor.brief(r.get('floor'))} |")
     lines += ["", "## Medians", "", f"| commits/s | {key} | p50 ms | p99 ms |",
               "|---|---|---|---|"]
     for rate in sorted({r["rate"] for r in records}):
@@ -90,7 +92,10 @@ def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
     lines = run.header(
         f"Latency, before and after: {label}",
         f"builds: before = {_revision(before_src)}, after = {_revision()}",
-        f"notify mode: {DEFAULT_MODE.value} (the default); default relay settings")
+        f"notify mode: {DEFAULT_MODE.value} (the default); default relay settings",
+        "floor: the machine's own latency right before each run (bench/floor.py): a "
+        "committed transaction on the run's PostgreSQL, a persistent publish's confirm, "
+        "how late a 1 ms timer wakes")
     return "\n".join(lines + latency_tables(records, "build", ("before", "after"))) + "\n"
 
 

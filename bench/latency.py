@@ -19,6 +19,7 @@ from typing import Any
 
 import aio_pika
 
+from bench import floor
 from bench.common import AMQP_URL, BenchEnv, Relay, checkpoint, load_before
 
 WARMUP_S = 1.0
@@ -62,6 +63,7 @@ async def latency_once(
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="bench-latency-"))
     await checkpoint(env)
     load = load_before()
+    before = await floor.measure(dsn=env.dsn)
     relay = Relay(env.relay_env(**relay_overrides), log_dir / "relay.log")
     received: dict[str, float] = {}
 
@@ -100,4 +102,5 @@ async def latency_once(
         "p99_ms": round(percentile(lat_ms, 99), 2),
         "max_ms": round(max(lat_ms), 2),
         "load_before": load,
+        "floor": before,
     }

@@ -260,6 +260,15 @@ def _cost(drains: list[Figure]) -> list[Figure]:
     return out
 
 
+def _floor_summary(runs: list[Figure]) -> dict[str, Any]:
+    """The machine's latency floor over a scenario's runs (bench/floor.py), p50 of each probe."""
+    floors = [r["floor"] for r in runs if r.get("floor")]
+    if not floors:
+        return {}
+    return {"floor_p50_ms": {probe: summary([f[probe]["p50_ms"] for f in floors])
+                             for probe in ("pg_commit", "amqp_confirm", "timer_late")}}
+
+
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
     """Medians and spreads, and the ratios the targets are stated in (all from this run)."""
     limits = {k: summary([r["msg_per_s"] for r in v]) for k, v in results["limits"].items()}
@@ -277,7 +286,8 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
         lat.append({k: entry[k] for k in ("mode", "rate_per_s", "connections")}
                    | {"load_before": [r["load_before"][0] for r in entry["runs"]]}
                    | {k: summary([r[k] for r in entry["runs"]])
-                      for k in ("achieved_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")})
+                      for k in ("achieved_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")}
+                   | _floor_summary(entry["runs"]))
     one = next(d for d in drains if d["processes"] == 1 and d["publisher"] == "bulk"
                and d["kind"] == "scale")
     kinds = {d["kind"]: d for d in drains}

@@ -12,7 +12,8 @@ The relay under test talks to the proxy's port. Three states:
   connections (their peers gave up on them, or will) and forwards new ones.
 
 `client_closes` records when a client closed a connection the black hole held: the moment the
-relay gave up on it by itself.
+relay gave up on it by itself. `up_bytes_per_s` makes the link slow one way: what the relay
+sends crawls (all its connections share the rate), the answers come back at full speed.
 """
 
 from __future__ import annotations
@@ -52,10 +53,15 @@ class TcpProxy:
         port: int | None = None,
         *,
         tls: ssl.SSLContext | None = None,
+        up_bytes_per_s: float | None = None,
     ) -> None:
         self.target_host = target_host
         self.target_port = target_port
         self.tls = tls  # terminate TLS on the proxy's side (clients speak TLS, target plain)
+        # A slow uplink: what clients send goes on at this rate, all connections sharing it
+        # (a congested link); the answers come back at full speed. None: no limit.
+        self.up_bytes_per_s = up_bytes_per_s
+        self._uplink_free_at = time.monotonic()
         self.port = port or free_port()
         self.connections_made = 0
         self.black_holed_at: float | None = None
@@ -131,13 +137,23 @@ class TcpProxy:
             link.tasks.append(asyncio.ensure_future(self._pump(link, upstream[0], writer,
                                                                from_client=False)))
 
+    def _uplink_wait_s(self, size: int) -> float:
+        """How long `size` client bytes wait for the shared slow uplink (no await between the
+        read and the write of its clock, so connections take turns)."""
+        assert self.up_bytes_per_s is not None
+        now = time.monotonic()
+        self._uplink_free_at = max(self._uplink_free_at, now) + size / self.up_bytes_per_s
+        return self._uplink_free_at - now
+
     async def _pump(self, link: _Link, src: asyncio.StreamReader,
                     dst: asyncio.StreamWriter | None, *, from_client: bool) -> None:
         try:
-            while data := await src.read(65536):
+            while data := await src.read(65536 if self.up_bytes_per_s is None else 16384):
                 if self.holding or dst is None:
                     link.held_bytes += len(data)
                     continue
+                if from_client and self.up_bytes_per_s is not None:
+                    await asyncio.sleep(self._uplink_wait_s(len(data)))
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):

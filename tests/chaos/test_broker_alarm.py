@@ -11,15 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import (
-    RobustConsumer,
-    declare_names,
-    fresh_ids,
-    insert_with_ids,
-    relays,
-    stop_relay,
-)
-from tests.chaos.inflight import LockProbe
+from tests.chaos.flow import chaos_flow
+from tests.chaos.harness import declare_names, fresh_ids, insert_with_ids, stop_relay
 from tests.helpers import Env, pg_fetch, wait_until
 from tests.servers.rabbitmq_node import RabbitNode
 
@@ -34,41 +27,34 @@ async def test_memory_alarm__claims_nothing_and_counts_no_attempt_until_the_alar
     name = f"relay-alarm-{secrets.token_hex(4)}"
     env = Env(pg_dsn=db, amqp_url=rabbit_node.url, exchange=f"{name}-x", queue=f"{name}-q")
     await declare_names(env)
-    consumer = await RobustConsumer(env.amqp_url, env.queue).start()
-    probe = LockProbe(env.pg_dsn)
-    try:
-        with relays(env, tmp_path) as group:
-            relay = group.start()
-            warm = fresh_ids(1)
-            await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, warm)
-            await consumer.wait_all(warm, timeout_s=30)
-            await asyncio.to_thread(rabbit_node.set_memory_alarm, True)
-            try:
-                # A publish is what makes the broker send connection.blocked to a publishing
-                # connection: the relay publishes the next row and gets blocked.
-                held = fresh_ids(3)
-                await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, held[:1])
-                await wait_until(lambda: group.events("broker_blocked"), timeout_s=30,
-                                 what="broker_blocked in the relay log")
-                await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, held[1:])
-                until = time.monotonic() + BLOCKED_WINDOW_S
-                while time.monotonic() < until:
-                    assert set(consumer.ids) == set(warm), "nothing delivered while blocked"
-                    assert await _attempts(env.pg_dsn) == [0, 0, 0], "not the rows' fault"
-                    # At most the row whose publish met the block stays claimed; no new claim.
-                    now = await probe.held([relay.pid])
-                    assert now is None or now.rows <= 1, f"claims while blocked: {now}"
-                    await asyncio.sleep(0.05)
-            finally:
-                await asyncio.to_thread(rabbit_node.set_memory_alarm, False)
-            await consumer.wait_all(warm + held, timeout_s=60, dsn=env.pg_dsn)
-            await wait_until(lambda: group.events("broker_unblocked"), what="broker_unblocked")
-            assert len(group.events("broker_blocked")) == 1
-            assert relay.alive()
-            assert await stop_relay(relay) == 0
-    finally:
-        await probe.close()
-        await consumer.stop()
+    async with chaos_flow(env, tmp_path, "memory alarm", backlog=1) as flow:
+        relay = flow.group.start()
+        warm = flow.backlog
+        await flow.consumer.wait_all(warm, timeout_s=30)
+        await asyncio.to_thread(rabbit_node.set_memory_alarm, True)
+        try:
+            # A publish is what makes the broker send connection.blocked to a publishing
+            # connection: the relay publishes the next row and gets blocked.
+            held = fresh_ids(3)
+            await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, held[:1])
+            await wait_until(lambda: flow.group.events("broker_blocked"), timeout_s=30,
+                             what="broker_blocked in the relay log")
+            await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, held[1:])
+            until = time.monotonic() + BLOCKED_WINDOW_S
+            while time.monotonic() < until:
+                assert set(flow.consumer.ids) == set(warm), "nothing delivered while blocked"
+                assert await _attempts(env.pg_dsn) == [0, 0, 0], "not the rows' fault"
+                # At most the row whose publish met the block stays claimed; no new claim.
+                now = await flow.probe.held([relay.pid])
+                assert now is None or now.rows <= 1, f"claims while blocked: {now}"
+                await asyncio.sleep(0.05)
+        finally:
+            await asyncio.to_thread(rabbit_node.set_memory_alarm, False)
+        await flow.consumer.wait_all(warm + held, timeout_s=60, dsn=env.pg_dsn)
+        await wait_until(lambda: flow.group.events("broker_unblocked"), what="broker_unblocked")
+        assert len(flow.group.events("broker_blocked")) == 1
+        assert relay.alive()
+        assert await stop_relay(relay) == 0
 
 
 async def _attempts(dsn: str) -> list[int]:

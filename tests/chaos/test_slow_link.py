@@ -4,61 +4,18 @@ fault. A row is never both delivered and parked, and every row arrives (real ser
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import time
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.chaos.harness import via_proxy
 from tests.helpers import Consumer, Env, count_rows, pg_fetch, wait_until
-from tests.proxy import free_port
+from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.chaos
 
 LINK_BYTES_PER_S = 2_000_000  # relay -> broker; the answers come back at full speed
-
-
-class _SlowLink:
-    """Forwards to the broker, the relay's bytes at LINK_BYTES_PER_S (all connections share
-    the link, as a congested uplink would)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = free_port()
-        self._server: asyncio.Server | None = None
-        self._budget_lock = asyncio.Lock()
-        self._next_free = time.monotonic()
-
-    async def start(self) -> _SlowLink:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        return self
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection(*self.target)
-        await asyncio.gather(self._pump(reader, up_w, slow=True),
-                             self._pump(up_r, writer, slow=False))
-
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *,
-                    slow: bool) -> None:
-        with contextlib.suppress(Exception):
-            while data := await src.read(16384):
-                if slow:
-                    async with self._budget_lock:
-                        now = time.monotonic()
-                        self._next_free = max(self._next_free, now) + len(data) / LINK_BYTES_PER_S
-                        wait = self._next_free - now
-                    await asyncio.sleep(wait)
-                dst.write(data)
-                await dst.drain()
-        with contextlib.suppress(Exception):
-            dst.close()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
 
 
 async def test_slow_link__late_confirms_leave_rows_untouched_never_parked_all_delivered(
@@ -67,7 +24,8 @@ async def test_slow_link__late_confirms_leave_rows_untouched_never_parked_all_de
     """A pass whose confirms timed out while others came counted an attempt for messages
     still on their way: on a slow link a row was delivered several times and then parked."""
     parts = urlsplit(env.amqp_url)
-    link = await _SlowLink((parts.hostname or "127.0.0.1", parts.port or 5672)).start()
+    link = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672,
+                          up_bytes_per_s=LINK_BYTES_PER_S).start()
     body = json.dumps({"pad": "p" * 4000})
     ids = [r[0] for r in await pg_fetch(
         env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content) "

@@ -53,3 +53,15 @@ def test_every_one_off_report__names_command_date_machine_and_load(tmp_path: Pat
     out = tmp_path / "sub" / "report.md"
     run.write(out, texts[0])
     assert out.read_text() == texts[0]
+
+
+def test_a_latency_report_shows_the_machines_floor_beside_each_run() -> None:
+    run = OneOff("bench.compare")
+    measured = {"pg_commit": {"p50_ms": 0.13, "p99_ms": 3.0},
+                "amqp_confirm": {"p50_ms": 1.04, "p99_ms": 6.6},
+                "timer_late": {"p50_ms": 0.09, "p99_ms": 0.2}}
+    with_floor = {**_latency("build", "after", 1000, 4.0), "floor": measured}
+    text = compare.report([_latency("build", "before", 1000, 5.0), with_floor], "x", run)
+    assert "floor p50 ms: commit / confirm / timer" in text
+    assert "| 0.13 / 1.04 / 0.09 |" in text
+    assert text.count("| - |") == 1  # a run recorded without a floor says so
