@@ -65,3 +65,26 @@ def test_a_latency_report_shows_the_machines_floor_beside_each_run() -> None:
     assert "floor p50 ms: commit / confirm / timer" in text
     assert "| 0.13 / 1.04 / 0.09 |" in text
     assert text.count("| - |") == 1  # a run recorded without a floor says so
+
+
+def test_latency_steps_reads_each_batch_span_into_its_steps() -> None:
+    from bench.latency_steps import batch_steps
+    from tests.servers.otlp_receiver import ReceivedSpan
+
+    ms = 1_000_000
+
+    def batch(start: int, rows: int) -> ReceivedSpan:
+        events = (("claimed", start + 1 * ms), ("publish", start + 2 * ms),
+                  ("confirmed", start + 4 * ms), ("settled", start + 5 * ms))
+        return ReceivedSpan("publish x", "t", f"s{start}", "w",
+                            {"messaging.batch.message_count": rows},
+                            start_ns=start, end_ns=start + 7 * ms, events=events)
+
+    wakeup = ReceivedSpan("relay wakeup", "t", "w", "", start_ns=0, end_ns=30 * ms)
+    out = batch_steps([batch(10 * ms, 4), wakeup, batch(0, 2)])
+    assert out["batches"] == 2
+    assert out["overlapping"] == 0
+    steps = {name: s["median"] for name, s in out["steps"].items()}
+    assert steps == {"claim": 1.0, "build": 1.0, "confirm": 2.0, "settle": 1.0, "commit": 2.0,
+                     "batch": 7.0, "gap": 3.0}
+    assert out["rows_median"] == 3
