@@ -360,6 +360,15 @@ def machine() -> dict[str, Any]:
             "kernel": os.uname().release}
 
 
+def parse_rates(text: str) -> list[tuple[int, int]]:
+    """`--rates 1000:4,3000:16`: (commits per second, producer connections) pairs."""
+    pairs = []
+    for part in text.split(","):
+        rate, connections = part.split(":")
+        pairs.append((int(rate), int(connections)))
+    return pairs
+
+
 def load_before() -> list[float]:
     """The load average (1, 5, 15 min) right before a run starts."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -22,7 +22,7 @@ from typing import Any
 import uvloop
 
 from bench import common, floor
-from bench.common import DEFAULT_MODE, OneOff, create_env, drop_env, wait_quiet
+from bench.common import DEFAULT_MODE, OneOff, create_env, drop_env, parse_rates, wait_quiet
 from bench.latency import latency_once
 
 
@@ -112,7 +112,7 @@ def main() -> None:
                         help="wait (up to 2 min) for the 1-minute load average to fall under "
                         "this before each run")
     args = parser.parse_args()
-    rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
+    rates = parse_rates(args.rates)
     run = OneOff("bench.compare")
     records = uvloop.run(compare(args.before_src, rates, args.runs, args.seconds,
                                  args.quiet_below))

@@ -13,7 +13,7 @@ import json
 
 import uvloop
 
-from bench.common import DEFAULT_MODE, create_env, drop_env
+from bench.common import DEFAULT_MODE, create_env, drop_env, parse_rates
 from bench.latency import latency_once
 from relay.settings import NotifyMode
 
@@ -41,7 +41,7 @@ if __name__ == "__main__":
     parser.add_argument("--relay-setting", action="append", default=[],
                         help="NAME=VALUE for the relay, e.g. CONCURRENCY=3")
     args = parser.parse_args()
-    pairs = [tuple(int(x) for x in r.split(":")) for r in args.rates.split(",")]
+    pairs = parse_rates(args.rates)
     settings = dict(kv.split("=", 1) for kv in args.relay_setting)
     uvloop.run(main(pairs, args.runs, args.seconds, args.mode,  # type: ignore[arg-type]
                     {k.lower(): v for k, v in settings.items()}))

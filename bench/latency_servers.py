@@ -19,7 +19,7 @@ from typing import Any
 import uvloop
 
 from bench import common
-from bench.common import OneOff, create_env, drop_env, wait_quiet
+from bench.common import OneOff, create_env, drop_env, parse_rates, wait_quiet
 from bench.compare import _revision, latency_tables
 from bench.latency import latency_once
 from bench.server import private_server
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quiet-below", type=float, default=1.0)
     args = parser.parse_args()
-    rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
+    rates = parse_rates(args.rates)
     run = OneOff("bench.latency_servers")
     records = measure(rates, args.runs, args.seconds, args.quiet_below)
     run.write(args.out, report(records, run))

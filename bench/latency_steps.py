@@ -28,7 +28,7 @@ from typing import Any
 
 import uvloop
 
-from bench.common import OneOff, create_env, drop_env, wait_quiet
+from bench.common import OneOff, create_env, drop_env, parse_rates, wait_quiet
 from bench.compare import _revision
 from bench.latency import latency_once
 from tests.servers.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quiet-below", type=float, default=1.0)
     args = parser.parse_args()
-    rates = [(int(r), int(c)) for r, c in (p.split(":") for p in args.rates.split(","))]
+    rates = parse_rates(args.rates)
     run = OneOff("bench.latency_steps")
     records = uvloop.run(steps_runs(rates, args.seconds, args.quiet_below))
     run.write(args.out, report(records, run))

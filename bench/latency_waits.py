@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import uvloop
 
-from bench.common import NAMES, OneOff, create_env, drop_env, wait_quiet
+from bench.common import NAMES, OneOff, create_env, drop_env, parse_rates, wait_quiet
 from bench.compare import _revision
 from bench.latency import latency_once
 
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quiet-below", type=float, default=1.0)
     args = parser.parse_args()
-    rates = [(int(a), int(b)) for a, b in (x.split(":") for x in args.rates.split(","))]
+    rates = parse_rates(args.rates)
     this = OneOff("bench.latency_waits")
     runs = uvloop.run(measure(rates, args.seconds, args.quiet_below))
     this.write(args.out, report(runs, this))

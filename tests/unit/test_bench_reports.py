@@ -88,3 +88,10 @@ def test_latency_steps_reads_each_batch_span_into_its_steps() -> None:
     assert steps == {"claim": 1.0, "build": 1.0, "confirm": 2.0, "settle": 1.0, "commit": 2.0,
                      "batch": 7.0, "gap": 3.0}
     assert out["rows_median"] == 3
+
+
+def test_rates_read_as_rate_and_connections_pairs() -> None:
+    from bench.common import parse_rates
+
+    assert parse_rates("1000:4,3000:16") == [(1000, 4), (3000, 16)]
+    assert parse_rates("300:4") == [(300, 4)]
