@@ -360,6 +360,13 @@ def machine() -> dict[str, Any]:
             "kernel": os.uname().release}
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (`q` in percent) of an unsorted list."""
+    ordered = sorted(values)
+    rank = max(1, round(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
 def parse_rates(text: str) -> list[tuple[int, int]]:
     """`--rates 1000:4,3000:16`: (commits per second, producer connections) pairs."""
     pairs = []

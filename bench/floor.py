@@ -29,17 +29,12 @@ import aio_pika
 import asyncpg
 import uvloop
 
-from bench.common import AMQP_URL, PG_ADMIN_DSN
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+from bench.common import AMQP_URL, PG_ADMIN_DSN, percentile
 
 
 def _summary(values_s: list[float]) -> dict[str, float]:
     ms = [v * 1000 for v in values_s]
-    return {"p50_ms": _p(ms, 0.50), "p99_ms": _p(ms, 0.99)}
+    return {"p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3)}
 
 
 async def _timer(samples: int) -> list[float]:

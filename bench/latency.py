@@ -20,16 +20,10 @@ from typing import Any
 import aio_pika
 
 from bench import floor
-from bench.common import AMQP_URL, BenchEnv, Relay, checkpoint, load_before
+from bench.common import AMQP_URL, BenchEnv, Relay, checkpoint, load_before, percentile
 
 WARMUP_S = 1.0
 
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an unsorted list."""
-    ordered = sorted(values)
-    rank = max(1, round(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 async def _produce(env: BenchEnv, rate: int, connections: int, seconds: float,

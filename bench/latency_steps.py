@@ -28,17 +28,12 @@ from typing import Any
 
 import uvloop
 
-from bench.common import OneOff, create_env, drop_env, parse_rates, wait_quiet
+from bench.common import OneOff, create_env, drop_env, parse_rates, percentile, wait_quiet
 from bench.compare import _revision
 from bench.latency import latency_once
 from tests.servers.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 STEPS = ("claim", "build", "confirm", "settle", "commit", "batch", "gap")
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def batch_steps(spans: list[ReceivedSpan]) -> dict[str, Any]:
@@ -68,9 +63,9 @@ def batch_steps(spans: list[ReceivedSpan]) -> dict[str, Any]:
                       if a.start_ns < b.end_ns)
     return {"batches": len(batches), "overlapping": overlapping,
             "rows_median": statistics.median(rows) if rows else 0,
-            "rows_p90": _p([float(r) for r in rows], 0.9),
+            "rows_p90": percentile([float(r) for r in rows], 90) if rows else 0,
             "steps": {name: {"median": round(statistics.median(v), 3) if v else None,
-                             "p90": round(_p(v, 0.9), 3) if v else None, "n": len(v)}
+                             "p90": round(percentile(v, 90), 3) if v else None, "n": len(v)}
                       for name, v in steps.items()}}
 
 
