@@ -276,12 +276,6 @@ def relays(env: Env, tmp_path: Path, **overrides: object) -> Iterator[Relays]:
         group.kill_all()
 
 
-async def stop_relay(relay: RelayProcess, timeout_s: float = 15.0) -> int:
-    """SIGTERM a relay and wait for its exit code without blocking the event loop (a proxy or
-    a consumer of the test may run on it)."""
-    return await relay.stop(timeout_s)
-
-
 async def assert_drained(dsn: str, timeout_s: float = 60.0) -> None:
     """The outbox ends empty: no row lost in it or left locked."""
     async def empty() -> bool:

@@ -31,7 +31,6 @@ from tests.chaos.harness import (
     proxy_for,
     relays,
     report,
-    stop_relay,
     via_proxy,
 )
 from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
@@ -117,7 +116,7 @@ async def test_black_hole_to_rabbitmq__batches_sent_into_it_time_out_and_are_del
             # Nothing reached the broker through the hole: no message can come twice.
             assert_exactly_delivered(ids + warm, consumer, outcome, 0)
             assert relay.alive()
-            assert await stop_relay(relay) == 0
+            assert await relay.stop() == 0
     finally:
         await consumer.stop()
         await proxy.close()
@@ -210,4 +209,4 @@ async def _flow(env: Env, tmp_path: Path, **overrides: object
         assert flow.tally.faults == 1, flow.tally.summary()
         assert await count_rows(env.pg_dsn, "queue_message_dead") == 0
         assert relay.alive()
-        assert await stop_relay(relay) == 0
+        assert await relay.stop() == 0

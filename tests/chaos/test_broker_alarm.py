@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.flow import chaos_flow
-from tests.chaos.harness import declare_names, fresh_ids, insert_with_ids, stop_relay
+from tests.chaos.harness import declare_names, fresh_ids, insert_with_ids
 from tests.helpers import Env, pg_fetch, wait_until
 from tests.servers.rabbitmq_node import RabbitNode
 
@@ -54,7 +54,7 @@ async def test_memory_alarm__claims_nothing_and_counts_no_attempt_until_the_alar
         await wait_until(lambda: flow.group.events("broker_unblocked"), what="broker_unblocked")
         assert len(flow.group.events("broker_blocked")) == 1
         assert relay.alive()
-        assert await stop_relay(relay) == 0
+        assert await relay.stop() == 0
 
 
 async def _attempts(dsn: str) -> list[int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.flow import chaos_flow
-from tests.chaos.harness import proxy_for, stop_relay, via_proxy
+from tests.chaos.harness import proxy_for, via_proxy
 from tests.chaos.inflight import LockProbe, caught_holding_rows
 from tests.helpers import Env, RelayProcess, count_rows, wait_until
 from tests.proxy import TcpProxy
@@ -54,7 +54,7 @@ async def test_network_cut__link_reset_mid_batch_loses_nothing(
             assert relay.alive()
             assert (len(lost()), len(back())) == (1, 1), "the outage logged once"
             # The proxy runs on this event loop: wait for the exit without blocking it.
-            assert await stop_relay(relay) == 0
+            assert await relay.stop() == 0
     finally:
         await proxy.close()
 
