@@ -28,7 +28,15 @@ from typing import Any
 
 import uvloop
 
-from bench.common import OneOff, create_env, drop_env, parse_rates, percentile, wait_quiet
+from bench.common import (
+    RELAY_SRC,
+    OneOff,
+    create_env,
+    drop_env,
+    parse_rates,
+    percentile,
+    wait_quiet,
+)
 from bench.compare import _revision
 from bench.latency import latency_once
 from tests.servers.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -102,7 +110,7 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
     """The Markdown results file."""
     lines = run.header(
         "Where a batch's time goes at a steady rate (the relay's own spans)",
-        f"build: {_revision()}",
+        f"build: {_revision(RELAY_SRC or None)}",
         "tracing on (every span, OTLP/HTTP to a local receiver); default relay settings, "
         "default notify mode; steps in ms, median / p90 over the batches that found rows")
     lines += ["| commits/s | conns | latency p50 / p99 | batches | rows per batch (med / p90) | "

@@ -84,6 +84,12 @@ def connect_args(settings: Settings, role: str) -> dict[str, Any]:
     }
     args.setdefault("timeout", 10)
     if role == "worker":
+        # A settle's commit need not wait for its WAL flush: one lost in a server crash
+        # brings its rows back, and they are published again (a duplicate, never a loss).
+        # The server applies startup settings after `options`, so a DSN that names the
+        # setting in its options keeps its own.
+        if "synchronous_commit" not in from_dsn.get("options", ""):
+            args["server_settings"]["synchronous_commit"] = "off"
         # Claims and settles only: other sessions wait on locks (wake-up, leader) or migrate.
         args["server_settings"]["statement_timeout"] = str(deadlines.statement_timeout_ms)
         # The client gives up a little after the server would have cancelled the statement.

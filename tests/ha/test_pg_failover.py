@@ -49,10 +49,11 @@ def pg_pair() -> Iterator[PrimaryStandby]:
 
 
 async def _replayed(primary_dsn: str, standby_dsn: str) -> bool:
-    """The standby has replayed everything the primary has written so far."""
+    """The standby has replayed every WAL record the primary has inserted so far (the insert
+    position: the relay's commits do not wait for their flush, relay/pg/connection.py)."""
     primary, standby = await asyncpg.connect(primary_dsn), await asyncpg.connect(standby_dsn)
     try:
-        lsn = await primary.fetchval("SELECT pg_current_wal_lsn()")
+        lsn = await primary.fetchval("SELECT pg_current_wal_insert_lsn()")
         return bool(await standby.fetchval(
             "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", lsn))
     finally:
