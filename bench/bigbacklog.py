@@ -12,12 +12,10 @@ machine, the command, the date and the load average before every run.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from bench.common import OneOff, create_env, drop_env, load_before, wait_quiet
+from bench.common import OneOff, create_env, drop_env, load_before, one_off, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.limits import bulk_frame_limit
@@ -79,13 +77,9 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
 
 def main() -> None:
     """Parse arguments, run on a private cluster, write the report."""
-    parser = argparse.ArgumentParser(prog="python -m bench.bigbacklog")
-    parser.add_argument("--sizes", default="100000,1000000")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quiet-below", type=float, default=1.0)
-    args = parser.parse_args()
+    args, run = one_off("bench.bigbacklog",
+                        options={"--sizes": {"default": "100000,1000000"}})
     sizes = [int(x) for x in args.sizes.split(",")]
-    run = OneOff("bench.bigbacklog")
     records = run_on_private_server(lambda: measure(sizes, args.quiet_below))
     run.write(args.out, report(records, run))
 

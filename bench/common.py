@@ -6,6 +6,7 @@ database (`bench_<run>`), exchange and queue, and tears them down afterwards.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -379,6 +380,32 @@ def parse_rates(text: str) -> list[tuple[int, int]]:
 def load_before() -> list[float]:
     """The load average (1, 5, 15 min) right before a run starts."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def one_off(module: str, *, rates: str | None = None, runs: int | None = None,
+            seconds: float | None = None, out: Path | None = None, quiet_below: float = 1.0,
+            options: dict[str, dict[str, Any]] | None = None,
+            ) -> tuple[argparse.Namespace, OneOff]:
+    """A one-off script's command line, parsed, and its run: --out and --quiet-below always;
+    --rates (parsed into pairs), --runs and --seconds where a default is given; `options` are
+    the script's own (flag -> add_argument keywords)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    for flag, kwargs in (options or {}).items():
+        parser.add_argument(flag, **kwargs)
+    if rates is not None:
+        parser.add_argument("--rates", default=rates, type=parse_rates,
+                            help="commits per second and producer connections: 1000:4,3000:16")
+    if runs is not None:
+        parser.add_argument("--runs", type=int, default=runs)
+    if seconds is not None:
+        parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--out", type=Path, required=out is None, default=out,
+                        help="the Markdown results file to write")
+    parser.add_argument("--quiet-below", type=float, default=quiet_below,
+                        help="wait (up to 2 min) for the 1-minute load average to fall under "
+                        "this before each run")
+    args = parser.parse_args()
+    return args, OneOff(module)
 
 
 @dataclass

@@ -12,7 +12,6 @@ and the medians) to --out, and prints one JSON line per run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -22,7 +21,7 @@ from typing import Any
 import uvloop
 
 from bench import common, floor
-from bench.common import DEFAULT_MODE, OneOff, create_env, drop_env, parse_rates, wait_quiet
+from bench.common import DEFAULT_MODE, OneOff, create_env, drop_env, one_off, wait_quiet
 from bench.latency import latency_once
 
 
@@ -101,20 +100,10 @@ def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
 
 def main() -> None:
     """Parse arguments, run, write the report."""
-    parser = argparse.ArgumentParser(prog="python -m bench.compare")
-    parser.add_argument("--before-src", required=True)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--rates", default="1000:4,3000:16")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quiet-below", type=float, default=1.0,
-                        help="wait (up to 2 min) for the 1-minute load average to fall under "
-                        "this before each run")
-    args = parser.parse_args()
-    rates = parse_rates(args.rates)
-    run = OneOff("bench.compare")
-    records = uvloop.run(compare(args.before_src, rates, args.runs, args.seconds,
+    args, run = one_off("bench.compare", rates="1000:4,3000:16", runs=3, seconds=10.0,
+                        options={"--before-src": {"required": True},
+                                 "--label": {"required": True}})
+    records = uvloop.run(compare(args.before_src, args.rates, args.runs, args.seconds,
                                  args.quiet_below))
     run.write(args.out, report(records, args.label, run, before_src=args.before_src))
 

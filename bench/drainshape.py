@@ -12,13 +12,11 @@ average before every run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-from pathlib import Path
 from typing import Any
 
-from bench.common import OneOff, create_env, drop_env, load_before, wait_quiet
+from bench.common import OneOff, create_env, drop_env, load_before, one_off, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.limits import bulk_frame_limit
@@ -81,15 +79,10 @@ def report(records: list[dict[str, Any]], run: OneOff, rows: int) -> str:
 
 def main() -> None:
     """Parse arguments, run on a private cluster, write the report."""
-    parser = argparse.ArgumentParser(prog="python -m bench.drainshape")
-    parser.add_argument("--shapes", default="500x3,500x6,1000x3")
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quiet-below", type=float, default=1.0)
-    args = parser.parse_args()
+    args, run = one_off("bench.drainshape", runs=2,
+                        options={"--shapes": {"default": "500x3,500x6,1000x3"},
+                                 "--rows": {"type": int, "default": 100_000}})
     shapes = [(int(b), int(c)) for b, c in (s.split("x") for s in args.shapes.split(","))]
-    run = OneOff("bench.drainshape")
     records = run_on_private_server(
         lambda: measure(shapes, args.rows, args.runs, args.quiet_below))
     run.write(args.out, report(records, run, args.rows))

@@ -13,14 +13,12 @@ load average before every drain.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import OneOff, create_env, drop_env, wait_quiet
+from bench.common import OneOff, create_env, drop_env, one_off, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.server import run_on_private_server
@@ -79,16 +77,9 @@ def report(records: list[dict[str, Any]], run: OneOff, before_src: str) -> str:
 
 def main() -> None:
     """Parse arguments, run on a private cluster, write the report."""
-    parser = argparse.ArgumentParser(prog="python -m bench.horizon")
-    parser.add_argument("--before-src", required=True)
-    parser.add_argument("--rows", type=int, default=500_000)
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quiet-below", type=float, default=1.0,
-                        help="wait (up to 2 min) for the 1-minute load average to fall under "
-                        "this before each drain")
-    args = parser.parse_args()
-    run = OneOff("bench.horizon")
+    args, run = one_off("bench.horizon", runs=1,
+                        options={"--before-src": {"required": True},
+                                 "--rows": {"type": int, "default": 500_000}})
     records = run_on_private_server(
         lambda: horizon(args.before_src, args.rows, args.runs, args.quiet_below))
     run.write(args.out, report(records, run, args.before_src))

@@ -11,15 +11,13 @@ report with the machine, the command, the date and the load average before every
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import uvloop
 
 from bench import common
-from bench.common import OneOff, create_env, drop_env, parse_rates, wait_quiet
+from bench.common import OneOff, create_env, drop_env, one_off, wait_quiet
 from bench.compare import _revision, latency_tables
 from bench.latency import latency_once
 from bench.server import private_server
@@ -71,16 +69,8 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
 
 def main() -> None:
     """Parse arguments, run, write the report."""
-    parser = argparse.ArgumentParser(prog="python -m bench.latency_servers")
-    parser.add_argument("--rates", default="1000:4,3000:16")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quiet-below", type=float, default=1.0)
-    args = parser.parse_args()
-    rates = parse_rates(args.rates)
-    run = OneOff("bench.latency_servers")
-    records = measure(rates, args.runs, args.seconds, args.quiet_below)
+    args, run = one_off("bench.latency_servers", rates="1000:4,3000:16", runs=3, seconds=10.0)
+    records = measure(args.rates, args.runs, args.seconds, args.quiet_below)
     run.write(args.out, report(records, run))
 
 

@@ -17,13 +17,11 @@ this run are for reading beside the steps, not for the results table.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
 import os
 import statistics
-from pathlib import Path
 from typing import Any
 
 import uvloop
@@ -33,7 +31,7 @@ from bench.common import (
     OneOff,
     create_env,
     drop_env,
-    parse_rates,
+    one_off,
     percentile,
     wait_quiet,
 )
@@ -131,15 +129,8 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
 
 def main() -> None:
     """Parse arguments, run, write the report."""
-    parser = argparse.ArgumentParser(prog="python -m bench.latency_steps")
-    parser.add_argument("--rates", default="1000:4")
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quiet-below", type=float, default=1.0)
-    args = parser.parse_args()
-    rates = parse_rates(args.rates)
-    run = OneOff("bench.latency_steps")
-    records = uvloop.run(steps_runs(rates, args.seconds, args.quiet_below))
+    args, run = one_off("bench.latency_steps", rates="1000:4", seconds=10.0)
+    records = uvloop.run(steps_runs(args.rates, args.seconds, args.quiet_below))
     run.write(args.out, report(records, run))
 
 

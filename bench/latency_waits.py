@@ -12,16 +12,14 @@ the run's latency; on the shared server (the fresh database of each run).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import uvloop
 
-from bench.common import NAMES, OneOff, create_env, drop_env, parse_rates, wait_quiet
+from bench.common import NAMES, OneOff, create_env, drop_env, one_off, wait_quiet
 from bench.compare import _revision
 from bench.latency import latency_once
 
@@ -119,16 +117,9 @@ def report(runs: list[dict[str, Any]], this: OneOff) -> str:
 
 def main() -> None:
     """Parse arguments, run, write the report."""
-    parser = argparse.ArgumentParser(prog="python -m bench.latency_waits")
-    parser.add_argument("--rates", default="1000:4,3000:16")
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quiet-below", type=float, default=1.0)
-    args = parser.parse_args()
-    rates = parse_rates(args.rates)
-    this = OneOff("bench.latency_waits")
-    runs = uvloop.run(measure(rates, args.seconds, args.quiet_below))
-    this.write(args.out, report(runs, this))
+    args, run = one_off("bench.latency_waits", rates="1000:4,3000:16", seconds=10.0)
+    runs = uvloop.run(measure(args.rates, args.seconds, args.quiet_below))
+    run.write(args.out, report(runs, run))
 
 
 if __name__ == "__main__":

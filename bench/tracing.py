@@ -14,13 +14,12 @@ Markdown report with the machine, the command, the date and the load average bef
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.common import TRACED_OPTIONS_SQL, OneOff, create_env, drop_env, wait_quiet
+from bench.common import TRACED_OPTIONS_SQL, OneOff, create_env, drop_env, one_off, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.server import run_on_private_server
@@ -89,14 +88,9 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--quiet-below", type=float, default=1.5,
-                        help="wait (up to 2 min) for the 1-minute load average to fall below")
-    parser.add_argument("--out", type=Path, default=Path("bench/compare/tracing.md"))
-    args = parser.parse_args()
-    run = OneOff("bench.tracing")
+    """Parse arguments, run on a private cluster, write the report."""
+    args, run = one_off("bench.tracing", runs=3, out=Path("bench/compare/tracing.md"),
+                        quiet_below=1.5, options={"--rows": {"type": int, "default": 100_000}})
     records = run_on_private_server(lambda: tracing_runs(args.rows, args.runs,
                                                          args.quiet_below))
     run.write(args.out, report(records, run))

@@ -3,10 +3,13 @@ file names the command, the date, the machine and the load average (pure code, n
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
+
 from bench import bigbacklog, compare, drainshape, horizon, latency_servers
-from bench.common import OneOff
+from bench.common import OneOff, one_off
 
 CORES = {"relay": 0.1, "postgres": 0.3, "rabbitmq": 0.8, "machine_busy": 1.2}
 
@@ -95,3 +98,21 @@ def test_rates_read_as_rate_and_connections_pairs() -> None:
 
     assert parse_rates("1000:4,3000:16") == [(1000, 4), (3000, 16)]
     assert parse_rates("300:4") == [(300, 4)]
+
+
+def test_one_off__parses_the_shared_options_and_the_scripts_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["x", "--rates", "1000:4,300:2", "--out", "r.md",
+                                      "--label", "a cut"])
+    args, run = one_off("bench.example", rates="1000:4", runs=3,
+                        options={"--label": {"required": True}})
+    assert args.rates == [(1000, 4), (300, 2)]
+    assert (args.runs, args.out, args.quiet_below, args.label) == (3, Path("r.md"), 1.0, "a cut")
+    assert not hasattr(args, "seconds")
+    assert run.command == "python -m bench.example --rates 1000:4,300:2 --out r.md --label 'a cut'"
+    monkeypatch.setattr(sys, "argv", ["x"])
+    with pytest.raises(SystemExit):
+        one_off("bench.example")  # --out is required unless the script gives a default
+    args, _ = one_off("bench.example", out=Path("default.md"), quiet_below=1.5)
+    assert (args.out, args.quiet_below) == (Path("default.md"), 1.5)
