@@ -12,10 +12,9 @@ machine, the command, the date and the load average before every run.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from bench.common import OneOff, create_env, drop_env, load_before, one_off, wait_quiet
+from bench.common import OneOff, load_before, one_off, one_off_env, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.limits import bulk_frame_limit
@@ -24,9 +23,7 @@ from bench.server import run_on_private_server
 
 async def measure(sizes: list[int], quiet_below: float) -> list[dict[str, Any]]:
     """For each size: the broker's publish limit, then the relay's drain."""
-    env = await create_env("bigbacklog")
-    records = []
-    try:
+    async with one_off_env("bigbacklog") as (env, records):
         for rows in sizes:
             for what in ("bulk-frame publish limit (no database)", "relay drain"):
                 await wait_quiet(quiet_below)
@@ -35,14 +32,10 @@ async def measure(sizes: list[int], quiet_below: float) -> list[dict[str, Any]]:
                     result = await drain_once(env, rows)
                 else:
                     result = await bulk_frame_limit(env, rows)
-                record = {"what": what, "messages": rows,
-                          "msg_per_s": round(result["msg_per_s"], 1),
-                          "seconds": result["seconds"], "load_before": load,
-                          "rabbitmq_cores": result.get("cpu_cores", {}).get("rabbitmq")}
-                print(json.dumps(record), flush=True)
-                records.append(record)
-    finally:
-        await drop_env(env)
+                records.add({"what": what, "messages": rows,
+                             "msg_per_s": round(result["msg_per_s"], 1),
+                             "seconds": result["seconds"], "load_before": load,
+                             "rabbitmq_cores": result.get("cpu_cores", {}).get("rabbitmq")})
     return records
 
 

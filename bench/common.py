@@ -15,8 +15,8 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -137,6 +137,43 @@ async def drop_env(env: BenchEnv) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{env.database}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+class Records(list[dict[str, Any]]):
+    """A one-off run's records, kept for its report; each is printed as a JSON line when
+    added, so a long run shows its progress."""
+
+    def add(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Keep `record` and print it."""
+        print(json.dumps(record), flush=True)
+        self.append(record)
+        return record
+
+
+@asynccontextmanager
+async def one_off_env(tag: str, mode: NotifyMode | None = None,
+                      ) -> AsyncIterator[tuple[BenchEnv, Records]]:
+    """A one-off script's scenario: a database, exchange and queue of its own (removed at the
+    end) and the records the run collects."""
+    env = await create_env(tag, mode)
+    try:
+        yield env, Records()
+    finally:
+        await drop_env(env)
+
+
+def builds(before_src: str) -> Iterator[str]:
+    """"before" (the relay started from `before_src`), then "after" (this tree): what each
+    Relay started meanwhile runs."""
+    # The one setting Relay.start reads at each start; every script shares it through here.
+    global RELAY_SRC  # noqa: PLW0603
+    given = RELAY_SRC
+    try:
+        for build, src in (("before", before_src), ("after", "")):
+            RELAY_SRC = src
+            yield build
+    finally:
+        RELAY_SRC = given
 
 
 async def checkpoint(env: BenchEnv) -> None:

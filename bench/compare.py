@@ -12,7 +12,6 @@ and the medians) to --out, and prints one JSON line per run.
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 from pathlib import Path
@@ -20,30 +19,22 @@ from typing import Any
 
 import uvloop
 
-from bench import common, floor
-from bench.common import DEFAULT_MODE, OneOff, create_env, drop_env, one_off, wait_quiet
+from bench import floor
+from bench.common import DEFAULT_MODE, OneOff, builds, one_off, one_off_env, wait_quiet
 from bench.latency import latency_once
 
 
 async def compare(before_src: str, rates: list[tuple[int, int]], runs: int,
                   seconds: float, quiet_below: float) -> list[dict[str, Any]]:
     """Alternate before/after latency runs; one record per run."""
-    env = await create_env("compare", DEFAULT_MODE)
-    records = []
-    try:
+    async with one_off_env("compare", DEFAULT_MODE) as (env, records):
         for rate, connections in rates:
             for i in range(runs):
-                for build, src in (("before", before_src), ("after", "")):
+                for build in builds(before_src):
                     await wait_quiet(quiet_below)
-                    common.RELAY_SRC = src  # read by Relay.start at each start
                     result = await latency_once(env, rate, seconds, connections=connections)
-                    record = {"build": build, "run": i + 1, "rate": rate,
-                              "connections": connections, **result}
-                    print(json.dumps(record), flush=True)
-                    records.append(record)
-    finally:
-        common.RELAY_SRC = ""
-        await drop_env(env)
+                    records.add({"build": build, "run": i + 1, "rate": rate,
+                                 "connections": connections, **result})
     return records
 
 

@@ -12,11 +12,10 @@ average before every run.
 
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Any
 
-from bench.common import OneOff, create_env, drop_env, load_before, one_off, wait_quiet
+from bench.common import OneOff, load_before, one_off, one_off_env, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.limits import bulk_frame_limit
@@ -26,27 +25,21 @@ from bench.server import run_on_private_server
 async def measure(shapes: list[tuple[int, int]], rows: int, runs: int,
                   quiet_below: float) -> list[dict[str, Any]]:
     """Per run: the publish limit, then each shape's drain."""
-    env = await create_env("drainshape")
-    records = []
-    try:
+    async with one_off_env("drainshape") as (env, records):
         for i in range(runs):
             await wait_quiet(quiet_below)
             load = load_before()
             limit = await bulk_frame_limit(env, rows)
-            records.append({"run": i + 1, "shape": "publish limit (no database)",
-                            "msg_per_s": round(limit["msg_per_s"], 1), "load_before": load,
-                            "cpu_cores": None})
-            print(json.dumps(records[-1]), flush=True)
+            records.add({"run": i + 1, "shape": "publish limit (no database)",
+                         "msg_per_s": round(limit["msg_per_s"], 1), "load_before": load,
+                         "cpu_cores": None})
             for batch, lanes in shapes:
                 await wait_quiet(quiet_below)
                 load = load_before()
                 result = await drain_once(env, rows, batch_size=batch, concurrency=lanes)
-                records.append({"run": i + 1, "shape": f"{batch} x {lanes}",
-                                "msg_per_s": result["msg_per_s"], "load_before": load,
-                                "cpu_cores": result["cpu_cores"]})
-                print(json.dumps(records[-1]), flush=True)
-    finally:
-        await drop_env(env)
+                records.add({"run": i + 1, "shape": f"{batch} x {lanes}",
+                             "msg_per_s": result["msg_per_s"], "load_before": load,
+                             "cpu_cores": result["cpu_cores"]})
     return records
 
 

@@ -13,12 +13,10 @@ load average before every drain.
 
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Any
 
-from bench import common
-from bench.common import OneOff, create_env, drop_env, one_off, wait_quiet
+from bench.common import OneOff, builds, one_off, one_off_env, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.server import run_on_private_server
@@ -27,24 +25,16 @@ from bench.server import run_on_private_server
 async def horizon(before_src: str, rows: int, runs: int, quiet_below: float,
                   ) -> list[dict[str, Any]]:
     """Alternate the builds; within each, the horizon free then pinned."""
-    env = await create_env("horizon")
-    records = []
-    try:
+    async with one_off_env("horizon") as (env, records):
         for i in range(runs):
-            for build, src in (("before", before_src), ("after", "")):
+            for build in builds(before_src):
                 for pinned in (False, True):
                     await wait_quiet(quiet_below)
-                    common.RELAY_SRC = src  # read by Relay.start at each start
                     result = await drain_once(env, rows, pinned=pinned)
-                    record = {"build": build, "run": i + 1, "pinned": pinned,
-                              "rows": rows, "msg_per_s": result["msg_per_s"],
-                              "seconds": result["seconds"],
-                              "load_before": result["load_before"]}
-                    print(json.dumps(record), flush=True)
-                    records.append(record)
-    finally:
-        common.RELAY_SRC = ""
-        await drop_env(env)
+                    records.add({"build": build, "run": i + 1, "pinned": pinned,
+                                 "rows": rows, "msg_per_s": result["msg_per_s"],
+                                 "seconds": result["seconds"],
+                                 "load_before": result["load_before"]})
     return records
 
 

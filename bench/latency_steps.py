@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import statistics
 from typing import Any
@@ -29,9 +28,8 @@ import uvloop
 from bench.common import (
     RELAY_SRC,
     OneOff,
-    create_env,
-    drop_env,
     one_off,
+    one_off_env,
     percentile,
     wait_quiet,
 )
@@ -78,29 +76,22 @@ def batch_steps(spans: list[ReceivedSpan]) -> dict[str, Any]:
 async def steps_runs(rates: list[tuple[int, int]], seconds: float,
                      quiet_below: float) -> list[dict[str, Any]]:
     """One traced latency run per rate."""
-    env = await create_env("latsteps")
-    records = []
-    try:
-        with OtlpReceiver() as receiver:
-            os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                               "OTEL_TRACES_SAMPLER": "always_on",
-                               "OTEL_BSP_SCHEDULE_DELAY": "200",
-                               "OTEL_BSP_MAX_QUEUE_SIZE": "65536",
-                               "OTEL_SERVICE_NAME": "outbox-relay-bench"})
-            for rate, connections in rates:
-                await wait_quiet(quiet_below)
-                seen = len(receiver.spans)
-                result = await latency_once(env, rate, seconds, connections=connections)
-                await asyncio.sleep(1.0)  # the relay's last export
-                record = {"rate": rate, "connections": connections, **result,
-                          **batch_steps(list(receiver.spans)[seen:])}
-                print(json.dumps(record), flush=True)
-                records.append(record)
-    finally:
-        for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER",
-                    "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_SERVICE_NAME"):
-            os.environ.pop(key, None)
-        await drop_env(env)
+    otel = {"OTEL_TRACES_SAMPLER": "always_on", "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "65536", "OTEL_SERVICE_NAME": "outbox-relay-bench"}
+    async with one_off_env("latsteps") as (env, records):
+        try:
+            with OtlpReceiver() as receiver:
+                os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **otel})
+                for rate, connections in rates:
+                    await wait_quiet(quiet_below)
+                    seen = len(receiver.spans)
+                    result = await latency_once(env, rate, seconds, connections=connections)
+                    await asyncio.sleep(1.0)  # the relay's last export
+                    records.add({"rate": rate, "connections": connections, **result,
+                                 **batch_steps(list(receiver.spans)[seen:])})
+        finally:
+            for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", *otel):
+                os.environ.pop(key, None)
     return records
 
 

@@ -14,12 +14,11 @@ Markdown report with the machine, the command, the date and the load average bef
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.common import TRACED_OPTIONS_SQL, OneOff, create_env, drop_env, one_off, wait_quiet
+from bench.common import TRACED_OPTIONS_SQL, OneOff, one_off, one_off_env, wait_quiet
 from bench.compare import _revision
 from bench.drain import drain_once
 from bench.server import run_on_private_server
@@ -28,9 +27,7 @@ from tests.servers.otlp_receiver import OtlpReceiver
 
 async def tracing_runs(rows: int, runs: int, quiet_below: float) -> list[dict[str, Any]]:
     """Alternate off and on, `runs` times."""
-    env = await create_env("tracing")
-    records = []
-    try:
+    async with one_off_env("tracing") as (env, records):
         with OtlpReceiver() as receiver:
             on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                       "OTEL_TRACES_SAMPLER": "always_on",
@@ -43,15 +40,12 @@ async def tracing_runs(rows: int, runs: int, quiet_below: float) -> list[dict[st
                     spans_before = len(receiver.spans)
                     result = await drain_once(env, rows, extra_env=extra,
                                               options_sql=options_sql)
-                    record = {"tracing": mode, "run": i + 1, "rows": rows,
-                              "msg_per_s": result["msg_per_s"], "seconds": result["seconds"],
-                              "relay_cpu_s_per_1k": result["cpu_s_per_1k_msgs"]["relay"],
-                              "spans_received": len(receiver.spans) - spans_before,
-                              "load_before": result["load_before"]}
-                    print(json.dumps(record), flush=True)
-                    records.append(record)
-    finally:
-        await drop_env(env)
+                    records.add({"tracing": mode, "run": i + 1, "rows": rows,
+                                 "msg_per_s": result["msg_per_s"],
+                                 "seconds": result["seconds"],
+                                 "relay_cpu_s_per_1k": result["cpu_s_per_1k_msgs"]["relay"],
+                                 "spans_received": len(receiver.spans) - spans_before,
+                                 "load_before": result["load_before"]})
     return records
 
 

@@ -116,3 +116,19 @@ def test_one_off__parses_the_shared_options_and_the_scripts_own(
         one_off("bench.example")  # --out is required unless the script gives a default
     args, _ = one_off("bench.example", out=Path("default.md"), quiet_below=1.5)
     assert (args.out, args.quiet_below) == (Path("default.md"), 1.5)
+
+
+def test_builds__each_relay_start_sees_its_build_and_the_setting_comes_back() -> None:
+    from bench import common
+    given = common.RELAY_SRC
+    seen = [(build, common.RELAY_SRC) for build in common.builds("/src/before")]
+    assert seen == [("before", "/src/before"), ("after", "")]
+    assert given == common.RELAY_SRC
+
+
+def test_records__keep_and_print_each_record(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.common import Records
+    records = Records()
+    records.add({"run": 1, "p50_ms": 1.5})
+    assert records == [{"run": 1, "p50_ms": 1.5}]
+    assert capsys.readouterr().out == '{"run": 1, "p50_ms": 1.5}\n'
