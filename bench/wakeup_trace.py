@@ -53,8 +53,8 @@ def _statement_kind(sql: str) -> str:
         ("pg_advisory_unlock", "wakeup_release"), ("+ 1, ", "wakeup_role"),
         ("pg_try_advisory_lock(", "wakeup_try_lock"), ("pg_advisory_lock(", "wakeup_lock"),
         ("EXISTS (SELECT 1 FROM", "wakeup_check"),
-        ("min(available_at)", "seconds_until_next_due"), ("claim_keyed", "claim_keyed"),
-        ("FOR UPDATE SKIP LOCKED", "claim_batch"), ("DELETE FROM", "delete_published"),
+        ("min(available_at)", "seconds_until_next_due"), ("FOR UPDATE SKIP LOCKED", "claim"),
+        ("DELETE FROM", "delete_published"),
         ("INSERT INTO queue_message", "producer_insert"), ("LISTEN", "listen"),
     ):
         if marker in text:

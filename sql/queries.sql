@@ -141,40 +141,71 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 
 -- ============================================================ relay loop
 
--- name: claim_batch
--- Due unkeyed rows in insertion order; rows another relay holds are skipped, not waited for.
--- Keyed rows are claimed by claim_keyed (per-key order, docs/ordering.md).
--- Bounded by bytes as well as rows ($2): only the rows whose predecessors in the batch add up
--- to less than $2 bytes of content and options come back (the first always does, however
--- large), so the relay's memory has a ceiling. The rest of the LIMIT stay locked, untouched,
--- until this transaction ends (the relay claims again when the bytes reached $2). Content comes as
--- UTF-8 bytes: the message body as it is, never a Python str (up to 4 bytes a character).
--- From seq $3 up: deleted rows a pinned xmin horizon keeps in the index stay below it
--- (relay/pg/seqfloor.py; a sweep passes the lowest bigint).
-SELECT id, exchange, routing_key, content, options, attempts, created_at_s, seq, ordering_key
-FROM (SELECT c.*,
-             sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
-                 OVER (ORDER BY c.seq)
-                 - COALESCE(octet_length(c.content), 0) - COALESCE(octet_length(c.options), 0)
-                 AS before
-      FROM (SELECT id::text AS id, exchange, routing_key,
-                   convert_to(content::text, 'UTF8') AS content, options::text AS options,
-                   GREATEST(attempts, 0) AS attempts,
-                   EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
-                   NULL::text AS ordering_key
-            FROM {table}
-            WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $3
-            ORDER BY seq
-            LIMIT $1
-            FOR UPDATE SKIP LOCKED) AS c) AS w
-WHERE w.before < $2
-ORDER BY seq
-
--- name: claim_keyed
--- The head runs of up to $2 keys, at most $1 rows and about $4 bytes in all
--- (sql/migrations/0008_claim_budget.sql).
-SELECT id, exchange, routing_key, content, options, attempts, seq, ordering_key, created_at_s
-FROM {claim_keyed_fn}($1, $2, $3, $4)
+-- name: claim
+-- One round trip for both kinds of due row, each locked FOR UPDATE SKIP LOCKED (rows another
+-- relay holds are skipped, not waited for), at most $1 rows and about $4 bytes in all:
+-- * keyed: the head runs of up to $2 keys, by {claim_keyed_fn} (per-key order, docs/ordering.md;
+--   $3: skip keys that have a dead letter; sql/migrations/0009_keyed_claim_by_due_heads.sql);
+-- * unkeyed: in insertion order from seq $5 up (deleted rows a pinned xmin horizon keeps in
+--   the index stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
+-- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
+-- alternate, so that a deep backlog of one kind cannot starve the other while a table holding
+-- one kind only still gets full batches. A kind whose turn finds no room is not run.
+-- The byte budget: the batch's first row always goes, then rows while the bytes so far
+-- (content and options) are under it; unkeyed rows past it stay locked, untouched, until this
+-- transaction ends. Content comes as UTF-8 bytes: the message body as it is, never a str.
+-- $6 goes through a materialized CTE, so that the plan is the same whatever its value: the
+-- server then keeps one generic plan instead of planning every claim again.
+WITH turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
+keyed_first AS (
+    SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
+           f.seq, f.ordering_key
+    FROM turn AS t, {claim_keyed_fn}(CASE WHEN t.keyed_first THEN $1::integer END, $2::integer,
+                                    $3::boolean, $4::bigint) AS f
+    WHERE t.keyed_first),
+room_after_keyed AS (
+    SELECT $1 - count(*) AS n_rows,
+           $4 - COALESCE(sum(COALESCE(octet_length(content), 0)
+                             + COALESCE(octet_length(options), 0)), 0) AS n_bytes
+    FROM keyed_first),
+unkeyed AS (
+    SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
+           w.seq, w.ordering_key
+    FROM (SELECT c.*,
+                 sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
+                     OVER (ORDER BY c.seq)
+                     - COALESCE(octet_length(c.content), 0) - COALESCE(octet_length(c.options), 0)
+                     AS before
+          FROM (SELECT id::text AS id, exchange, routing_key,
+                       convert_to(content::text, 'UTF8') AS content, options::text AS options,
+                       GREATEST(attempts, 0) AS attempts,
+                       EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
+                       NULL::text AS ordering_key
+                FROM {table}
+                WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $5
+                ORDER BY seq
+                LIMIT (SELECT CASE WHEN n_bytes > 0 THEN GREATEST(n_rows, 0) ELSE 0 END
+                       FROM room_after_keyed)
+                FOR UPDATE SKIP LOCKED) AS c) AS w
+    WHERE w.before < (SELECT n_bytes FROM room_after_keyed)),
+room_after_unkeyed AS (
+    SELECT (SELECT n_rows FROM room_after_keyed) - count(*) AS n_rows,
+           (SELECT n_bytes FROM room_after_keyed)
+               - COALESCE(sum(COALESCE(octet_length(content), 0)
+                              + COALESCE(octet_length(options), 0)), 0) AS n_bytes
+    FROM unkeyed),
+keyed_after AS (
+    SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
+           f.seq, f.ordering_key
+    FROM turn AS t, room_after_unkeyed AS r,
+         {claim_keyed_fn}(CASE WHEN NOT t.keyed_first THEN r.n_rows::integer END, $2::integer,
+                          $3::boolean, r.n_bytes::bigint) AS f
+    WHERE NOT t.keyed_first AND r.n_rows > 0 AND r.n_bytes > 0)
+SELECT * FROM keyed_first
+UNION ALL
+SELECT * FROM unkeyed
+UNION ALL
+SELECT * FROM keyed_after
 
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed

@@ -95,36 +95,27 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                         keyed_first: bool = True, *, floor: SeqFloor | None = None,
                         ) -> tuple[list[OutboxRow], bool]:
     """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
-    unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py); return them in seq
-    order, and whether the byte budget ended the claim.
+    unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py), in one statement;
+    return them in seq order, and whether the byte budget ended the claim.
 
     The first kind claimed may fill the batch and the other gets the rest; callers alternate
     `keyed_first`, so that a deep backlog of one kind cannot starve the other while a table
     holding one kind only still gets full batches.
     """
-    records: list[Any] = []
-    used = 0
     if opts.fence:
         # single-active: one claimer at a time, so plain seq order keeps every key's order.
         await conn.execute(q["single_active_fence"])
-        records = await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead,
-                                   opts.max_bytes)
-        used = _bytes(records)
-    for keyed in (keyed_first, not keyed_first) if not opts.fence else ():
-        room = limit - len(records)
-        if room <= 0 or used >= opts.max_bytes:
-            break
-        if keyed:
-            got = await conn.fetch(q["claim_keyed"], room, opts.keys_per_batch,
-                                   opts.block_on_dead, opts.max_bytes - used)
-        else:
-            start = floor.start() if floor is not None else SWEEP
-            started = time.monotonic()
-            got = await conn.fetch(q["claim_batch"], room, opts.max_bytes - used, start)
-            if floor is not None:
-                floor.claimed(start, got[0]["seq"] if got else None, time.monotonic() - started)
-        records += got
-        used += _bytes(got)
+        records = list(await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead,
+                                        opts.max_bytes))
+    else:
+        start = floor.start() if floor is not None else SWEEP
+        started = time.monotonic()
+        records = list(await conn.fetch(q["claim"], limit, opts.keys_per_batch,
+                                        opts.block_on_dead, opts.max_bytes, start, keyed_first))
+        if floor is not None:
+            unkeyed = [r["seq"] for r in records if r["ordering_key"] is None]
+            floor.claimed(start, min(unkeyed) if unkeyed else None, time.monotonic() - started)
+    used = _bytes(records)
     records.sort(key=lambda r: r["seq"])
     rows = [
         # attempts is producer-writable: a negative count reads as none made yet.

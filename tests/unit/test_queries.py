@@ -19,7 +19,7 @@ def test_parse__rejects_a_name_defined_twice() -> None:
 
 def test_queries__render_quoted_schema_qualified_names_and_leave_json_braces() -> None:
     q = Queries(TableNames("outbox", "events", "queue_message_notify"))
-    assert '"outbox"."events"' in q["claim_batch"]
+    assert '"outbox"."events"' in q["claim"]
     assert '"outbox"."events_dead"' in q["dead_show"]
     assert '"outbox"."events_park"' in q["dead_letter"]
     assert "{" not in q["delete_published"]
