@@ -7,9 +7,11 @@ One `relay run` with tracing on (OTLP/HTTP to a receiver in this process, every 
 exported every 200 ms) follows the producers of bench/latency.py. Each batch span carries its
 start (before the claim's connection is taken) and the events claimed, publish, confirmed,
 settled, then its end (the commit). Per rate the report gives, over the batches that found
-rows, the median and p90 of: claim (start to claimed: connection, BEGIN, the claims), build
+rows, the median and p90 of: claim (start to claimed: connection, BEGIN, the claim), build
 (claimed to publish), confirm (publish to confirmed: the broker's round trip and fsync),
-settle (confirmed to settled: the DELETE), commit (settled to end), the whole batch, the gap
+settle (confirmed to settled: the DELETE, where a batch has retries or dead rows; a batch
+whose rows were all published sends its DELETE with the COMMIT), commit (settled to end), the
+whole batch, the gap
 from one batch's end to the next one's start (the sleep check, the wait for a NOTIFY, the
 next wake-up), and rows per batch. Tracing costs the relay some CPU: the latency figures of
 this run are for reading beside the steps, not for the results table.

@@ -54,7 +54,7 @@ def _statement_kind(sql: str) -> str:
         ("pg_try_advisory_lock(", "wakeup_try_lock"), ("pg_advisory_lock(", "wakeup_lock"),
         ("EXISTS (SELECT 1 FROM", "wakeup_check"),
         ("min(available_at)", "seconds_until_next_due"), ("FOR UPDATE SKIP LOCKED", "claim"),
-        ("DELETE FROM", "delete_published"),
+        ("::uuid[]); COMMIT", "delete_published_and_commit"), ("DELETE FROM", "delete_published"),
         ("INSERT INTO queue_message", "producer_insert"), ("LISTEN", "listen"),
     ):
         if marker in text:
@@ -167,8 +167,8 @@ async def trickle(env: Any, log: Path, commits: int, gap_ms: float) -> dict[str,
     to_commit, after = [], []
     for cycle in cycles:
         kinds = [k for _, k in cycle]
-        cut = next((i for i, k in enumerate(kinds) if k == "COMMIT"
-                    and "delete_published" in kinds[:i]), len(kinds) - 1)
+        cut = next((i for i, k in enumerate(kinds) if k == "delete_published_and_commit"
+                    or (k == "COMMIT" and "delete_published" in kinds[:i])), len(kinds) - 1)
         to_commit.append(cycle[: cut + 1])
         after.append(cycle[cut + 1:])
 

@@ -245,6 +245,13 @@ SELECT pg_advisory_xact_lock({fence_lock_class}, {table_oid})
 -- name: delete_published
 DELETE FROM {table} WHERE id = ANY($1::uuid[])
 
+-- name: delete_published_and_commit
+-- The end of a batch whose rows were all published: their DELETE and the COMMIT in one round
+-- trip. A script without parameters: the ids placeholder becomes the rows' ids, each parsed
+-- as a uuid and written back canonically (relay/pg/store.py), so no other text can reach it.
+DELETE FROM {table} WHERE id = ANY('{ids}'::uuid[]);
+COMMIT
+
 -- name: archive_published
 WITH moved AS (
     DELETE FROM {table} WHERE id = ANY($1::uuid[])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,11 +33,11 @@ from relay.pg.seqfloor import SWEEP, SeqFloor
 from relay.settings import OnSuccess, Settings
 
 
-async def _rollback_quietly(conn: Conn, tx: Any) -> None:
+async def _rollback_quietly(conn: Conn) -> None:
     """Roll back a claim; a connection the server or the pool already dropped is terminated."""
     try:
-        if not conn.is_closed():
-            await tx.rollback()
+        if not conn.is_closed() and conn.is_in_transaction():
+            await conn.execute("ROLLBACK")
     except DB_ERRORS:
         # The pool may already have reclaimed a connection the server dropped.
         with contextlib.suppress(asyncpg.InterfaceError):
@@ -51,29 +52,42 @@ async def _keep_session(conn: Conn) -> None:
 
 
 class _Claim:
-    """Rows locked by one open transaction; commit() ends it, else it rolls back."""
+    """Rows locked by one open transaction; commit() ends it, else it rolls back.
 
-    def __init__(self, conn: Conn, tx: Any, queries: Queries, rows: list[OutboxRow],
+    The transaction is begun and ended with plain statements (not the driver's transaction
+    object), so that the usual end of a batch, the DELETE of its published rows, goes to the
+    server with the COMMIT in one round trip."""
+
+    def __init__(self, conn: Conn, queries: Queries, rows: list[OutboxRow],
                  on_success: OnSuccess) -> None:
         self._conn = conn
-        self._tx = tx
         self._q = queries
         self.rows: Sequence[OutboxRow] = rows
         self.full_by_bytes = False
         self._on_success = on_success
+        self._delete_at_commit: list[str] = []
         self.committed = False
 
     async def commit(self) -> None:
         """Commit the transaction: every settled fate becomes durable here."""
         try:
-            await self._tx.commit()
+            if self._delete_at_commit:
+                await self._conn.execute(self._q["delete_published_and_commit"].replace(
+                    "{ids}", _uuid_array_literal(self._delete_at_commit)))
+            else:
+                await self._conn.execute("COMMIT")
         except DB_ERRORS as exc:
             drop_if_stuck(self._conn, exc)
             raise DatabaseError(f"commit failed: {exc}") from exc
         self.committed = True
 
     async def settle(self, settlement: Settlement) -> None:
-        """Write every row's fate; the caller's transaction commits it."""
+        """Write every row's fate; the caller's transaction commits it. A batch whose rows
+        were all published (and are deleted, not archived) is deleted by commit() itself."""
+        if (self._on_success is OnSuccess.DELETE and not settlement.retry
+                and not settlement.dead):
+            self._delete_at_commit = list(settlement.published)
+            return
         try:
             if settlement.published:
                 archive = self._on_success is OnSuccess.ARCHIVE
@@ -89,6 +103,12 @@ class _Claim:
         except DB_ERRORS as exc:
             drop_if_stuck(self._conn, exc)
             raise DatabaseError(f"settling a batch failed: {exc}") from exc
+
+
+def _uuid_array_literal(ids: Sequence[str]) -> str:
+    """`{id,...}` for a uuid[] literal in a script without parameters: every id is parsed as a
+    uuid and written back in its canonical form, so nothing else can reach the SQL text."""
+    return "{" + ",".join(str(uuid.UUID(i)) for i in ids) + "}"
 
 
 async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
@@ -206,9 +226,8 @@ class Outbox:
         except DB_ERRORS as exc:
             raise DatabaseError(f"no database connection: {exc}") from exc
         try:
-            tx = conn.transaction()
             try:
-                await tx.start()
+                await conn.execute("BEGIN")
                 self._claims += 1
                 records, full_by_bytes = await claim_records(
                     conn, self.q, self.claim_options, limit, self._claims % 2 == 0,
@@ -218,13 +237,13 @@ class Outbox:
             except DB_ERRORS as exc:
                 drop_if_stuck(conn, exc)
                 raise DatabaseError(f"claiming rows failed: {exc}") from exc
-            batch = _Claim(conn, tx, self.q, records, self._on_success)
+            batch = _Claim(conn, self.q, records, self._on_success)
             batch.full_by_bytes = full_by_bytes
             try:
                 yield batch
             finally:
                 if not batch.committed:
-                    await _rollback_quietly(conn, tx)
+                    await _rollback_quietly(conn)
         finally:
             await self._release(conn)
 

@@ -31,3 +31,15 @@ def test_catalogue__every_statement_renders_without_leftover_placeholders() -> N
         rendered = q[name]
         for placeholder in TableNames(None, "t", "c").placeholders():
             assert "{" + placeholder + "}" not in rendered, name
+
+
+def test_delete_at_commit__ids_reach_the_script_only_as_canonical_uuids() -> None:
+    from relay.pg.store import _uuid_array_literal
+    ids = ["0190F3A2-0000-7000-8000-000000000001", "{0190f3a2-0000-7000-8000-000000000002}"]
+    assert _uuid_array_literal(ids) == ("{0190f3a2-0000-7000-8000-000000000001,"
+                                        "0190f3a2-0000-7000-8000-000000000002}")
+    with pytest.raises(ValueError, match="badly formed"):
+        _uuid_array_literal(["0190f3a2-0000-7000-8000-000000000001'}'); DROP TABLE x; --"])
+    script = Queries(TableNames(None, "queue_message", "n"))["delete_published_and_commit"]
+    assert script.count("{ids}") == 1
+    assert script.rstrip().endswith("COMMIT")
