@@ -58,9 +58,8 @@ MUTATIONS: tuple[Mutation, ...] = (
             r"(?P<i>[ \t]+)(records, full_by_bytes = await claim_records\([^)]*\)\n)",
             r"\g<i>\2"
             r"\g<i>await conn.execute(self.q['delete_published'], [r.id for r in records])\n"
-            r"\g<i>await tx.commit()\n"
-            r"\g<i>tx = conn.transaction()\n"
-            r"\g<i>await tx.start()\n",
+            r"\g<i>await conn.execute('COMMIT')\n"
+            r"\g<i>await conn.execute('BEGIN')\n",
         ),),
         # Deterministic: a row the broker returns must still be in the outbox, retried (a
         # kill -9 between the early delete and the publish caught it only sometimes).
