@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import subprocess
 
-import asyncpg
-
 from tests.helpers import RELAY_BIN, Env, pg_fetchval, pg_session
 
 
@@ -66,12 +64,9 @@ async def test_migrate_check__exits_1_while_pending_and_0_once_applied(
     assert dry.returncode == 0, dry.stderr
     assert "0001_outbox" in dry.stdout
     assert "would grant" in dry.stdout
-    conn = await asyncpg.connect(empty_db)
-    try:  # neither changed anything
+    async with pg_session(empty_db) as conn:  # neither changed anything
         assert await conn.fetchval("SELECT to_regclass('queue_message')") is None
         assert await conn.fetchval("SELECT to_regclass('relay_migrations')") is None
-    finally:
-        await conn.close()
     assert relay(env, "migrate").returncode == 0
     after = relay(env, "migrate", "--check")
     assert after.returncode == 0, after.stdout + after.stderr

@@ -95,12 +95,9 @@ async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
             "SELECT usename FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%' "
                 "AND datname = current_database()"
         )}
-        relay_conn = await asyncpg.connect(as_user(env.pg_dsn, roles.relay_login))
-        try:
+        async with pg_session(as_user(env.pg_dsn, roles.relay_login)) as relay_conn:
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await relay_conn.execute("DROP TABLE queue_message")
-        finally:
-            await relay_conn.close()
     assert users == {roles.relay_login}
     status = relay_cmd(env, "status", "--json", pg_dsn=as_user(env.pg_dsn, roles.relay_login))
     assert status.returncode == 0, status.stderr

@@ -8,17 +8,13 @@ import os
 import pty
 import subprocess
 
-import asyncpg
-
-from tests.helpers import RELAY_BIN, Env
+from tests.helpers import RELAY_BIN, Env, pg_session
 
 
 async def _sql(dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:  # closing the session flushes its statistics, which the rates come from
+    # Closing the session flushes its statistics, which the rates come from.
+    async with pg_session(dsn) as conn:
         await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 async def test_status_watch__one_json_line_per_tick_with_rates_eta_and_dead_reasons(
