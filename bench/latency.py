@@ -86,6 +86,9 @@ async def latency_once(
         await amqp.close()
     start = min(committed.values())
     lat_ms = [(received[k] - t) * 1000 for k, t in committed.items() if t - start >= WARMUP_S]
+    # Each row's commit time and latency, for reading where a tail comes from (log_dir).
+    (log_dir / "latencies.txt").write_text("".join(
+        f"{t - start:.6f} {(received[k] - t) * 1000:.3f}\n" for k, t in committed.items()))
     return {
         "rate_per_s": rate_per_s,
         "connections": connections,

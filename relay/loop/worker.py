@@ -16,7 +16,7 @@ from relay.errors import DatabaseError
 from relay.interfaces import BatchObserver, Kind, NoMetrics, Publisher, Store
 from relay.loop.batch import BatchPlan, run_batch
 from relay.loop.retry import RetryPolicy
-from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate
+from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate, in_flow
 from relay.supervise import Backoff, Supervisor
 from relay.tracing import NO_SWEEP, NoTracing, Tracing
 
@@ -70,6 +70,9 @@ class Worker:
         self._last_had_keys = False
         self._last_full_by_bytes = False
         self.last_loop_at = time.monotonic()
+        # From the end of one sweep to the start of the next (the flow rule, relay/loop/sleep.py).
+        self._swept_at = 0.0
+        self._gap_s = float("inf")
         self.tracing: Tracing = tracing or NoTracing()
         self._trace = NO_SWEEP  # the current wake-up's trace (relay/tracing)
 
@@ -97,14 +100,17 @@ class Worker:
             if self.stopping:
                 break
             self._wake.clear()
+            self._gap_s = time.monotonic() - self._swept_at
             await self._sweep()
+            self._swept_at = time.monotonic()
 
     async def _sleep(self) -> None:
         """Wait for a wake-up, the poll interval or the next due row; the gate decides
         whether producers notify meanwhile and whether to sleep at all (relay/pg/wakeup.py)."""
         found = self.claimed_total - self._claimed_at_sleep
         self._claimed_at_sleep = self.claimed_total
-        if self._wake.is_set() or self.gate.keep_sweeping(found):
+        if (self._wake.is_set() or self.gate.keep_sweeping(found)
+                or in_flow(found, self._gap_s)):
             await self.gate.mark_awake()
             return
         plan = await self.gate.prepare_sleep(self._wake, found > 0)

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from relay.loop.sleep import BUSY_DRAIN_ROWS, SleepPlan
+from relay.loop.sleep import BUSY_DRAIN_ROWS, FLOW_GAP_S, SleepPlan
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
 from tests.unit.kit import FakeGate, FakePublisher, FakeStore
@@ -89,3 +89,46 @@ async def test_worker__rows_due_at_the_check_are_drained_awake_then_checked_agai
     # the gate is asked again before any sleep.
     assert gate.events[:4] == ["mark_awake claims=0", "prepare_sleep found=False claims=1",
                                "mark_awake claims=1", "prepare_sleep found=False claims=2"]
+
+
+@dataclass
+class CommitDuringSleepGate(RecordingGate):
+    """At the first prepare_sleep, a producer commits a row `after_s` later and notifies."""
+
+    after_s: float = 0.0
+    committed: bool = False
+
+    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
+        plan = await super().prepare_sleep(woken, found_rows)
+        if not self.committed:
+            self.committed = True
+            await asyncio.sleep(self.after_s)
+            self.store.rows.append(row(99))
+            woken.set()
+        return plan
+
+
+async def test_worker__a_wakeup_soon_after_the_last_sweep_that_found_rows_sweeps_again() -> None:
+    store = FakeStore(rows=[row(1)])
+    gate = CommitDuringSleepGate(store, [SleepPlan(due_known=True)], cap_s=None)
+    worker = Worker(store, FakePublisher(), WorkerConfig(poll_interval_s=60, concurrency=1),
+                    gate=gate)
+    await _run_until(worker, lambda: len(gate.events) >= 5, "the second prepare_sleep")
+    # start-up sweep (claim 1, one row) -> sleep -> a row commits at once -> its sweep (claim
+    # 2) came within the flow gap and found a row: a sweep again (claim 3, empty) before the
+    # gate is asked to sleep.
+    assert gate.events[:5] == ["mark_awake claims=0", "prepare_sleep found=True claims=1",
+                               "mark_awake claims=1", "mark_awake claims=2",
+                               "prepare_sleep found=False claims=3"]
+
+
+async def test_worker__a_row_at_a_trickle_goes_to_the_sleep_check_at_once() -> None:
+    store = FakeStore(rows=[row(1)])
+    gate = CommitDuringSleepGate(store, [SleepPlan(due_known=True)], cap_s=None,
+                                 after_s=FLOW_GAP_S * 4)
+    worker = Worker(store, FakePublisher(), WorkerConfig(poll_interval_s=60, concurrency=1),
+                    gate=gate)
+    await _run_until(worker, lambda: len(gate.events) >= 4, "the second prepare_sleep")
+    # The row came long after the last sweep: its sweep is followed by the sleep check.
+    assert gate.events[:4] == ["mark_awake claims=0", "prepare_sleep found=True claims=1",
+                               "mark_awake claims=1", "prepare_sleep found=True claims=2"]
