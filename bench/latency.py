@@ -26,8 +26,9 @@ WARMUP_S = 1.0
 
 
 
-async def _produce(env: BenchEnv, rate: int, connections: int, seconds: float,
+async def produce(env: BenchEnv, rate: int, connections: int, seconds: float,
                    out: Path) -> dict[str, Any]:
+    """bench/producer.py in its own process; its JSON report (commits, achieved_per_s)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.producer", "--dsn", env.dsn, "--exchange", env.exchange,
         "--rate", str(rate), "--connections", str(connections), "--seconds", str(seconds),
@@ -71,7 +72,7 @@ async def latency_once(
         queue = await channel.get_queue(env.queue)
         await queue.consume(on_message, no_ack=True)
         await relay.wait_started()
-        produced = await _produce(env, rate_per_s, connections, duration_s, log_dir / "ids.txt")
+        produced = await produce(env, rate_per_s, connections, duration_s, log_dir / "ids.txt")
         committed = {}
         for line in (log_dir / "ids.txt").read_text().splitlines():
             row_id, t = line.split()

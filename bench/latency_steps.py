@@ -71,7 +71,9 @@ def batch_steps(spans: list[ReceivedSpan]) -> dict[str, Any]:
             "rows_median": statistics.median(rows) if rows else 0,
             "rows_p90": percentile([float(r) for r in rows], 90) if rows else 0,
             "steps": {name: {"median": round(statistics.median(v), 3) if v else None,
-                             "p90": round(percentile(v, 90), 3) if v else None, "n": len(v)}
+                             "p90": round(percentile(v, 90), 3) if v else None,
+                             "p99": round(percentile(v, 99), 3) if v else None,
+                             "max": round(max(v), 3) if v else None, "n": len(v)}
                       for name, v in steps.items()}}
 
 

@@ -3,10 +3,13 @@ summarise where its CPU goes.
 
     python -m bench.profile --scenario drain --rows 100000 --label after
     python -m bench.profile --scenario trickle --seconds 20 --label after
+    python -m bench.profile --scenario rate --rate 3000 --connections 16 --seconds 10 --label 3000
     BENCH_RELAY_SRC=<main checkout> python -m bench.profile --scenario trickle --label before
 
 The trickle is one 1-row commit every 20 ms (the relay sleeps between them), so the samples
-are the cost of wake-ups: CPU per wake-up = samples / rate / commits.
+are the cost of wake-ups: CPU per wake-up = samples / rate / commits. `rate` runs the latency
+scenario's producers (bench/producer.py: 1-row commits, Poisson arrivals) at --rate commits/s
+over --connections: the cost per message of a steady flow.
 
 Needs py-spy (`pip install py-spy`) and ptrace rights (root, or CAP_SYS_PTRACE). Writes the
 collapsed stacks (flamegraph input) and prints the top functions by own time and the share
@@ -40,6 +43,7 @@ from bench.common import (
     load_before,
     wait_empty,
 )
+from bench.latency import produce
 
 RATE_HZ = 250
 
@@ -97,7 +101,8 @@ async def _trickle(conn: asyncpg.Connection, exchange: str, seconds: float) -> i
 
 
 async def profile(scenario: str, publisher: str, rows: int, seconds: float, *, out: Path,
-                  label: str, traced: bool = False) -> tuple[Path, str]:
+                  label: str, traced: bool = False, rate: int = 1000,
+                  connections: int = 4) -> tuple[Path, str]:
     """Run the scenario under py-spy; return the collapsed-stacks file and a headline."""
     env = await create_env(f"prof_{scenario}")
     collapsed = out / f"profile-{scenario}-{label}.collapsed.txt"
@@ -123,6 +128,13 @@ async def profile(scenario: str, publisher: str, rows: int, seconds: float, *, o
                         f"{emptied - committed:.2f}s = "
                         f"{rows / (emptied - committed):,.0f} msg/s (under py-spy)")
                 count = rows
+            elif scenario == "rate":
+                produced = await produce(env, rate, connections, seconds,
+                                         Path(tempfile.mkdtemp()) / "ids.txt")
+                await wait_empty(conn, 60)
+                count = int(produced["commits"])
+                head = (f"{count} 1-row commits at {produced['achieved_per_s']}/s on "
+                        f"{connections} connections")
             else:
                 count = await _trickle(conn, env.exchange, seconds)
                 await wait_empty(conn, 60)
@@ -135,7 +147,7 @@ async def profile(scenario: str, publisher: str, rows: int, seconds: float, *, o
         relay.stop()
     finally:
         await drop_env(env)
-    unit = "message" if scenario == "drain" else "wake-up"
+    unit = "wake-up" if scenario == "trickle" else "message"
     head += (f"; load average before {load[0]}; relay CPU (/proc, user+system, py-spy "
              f"attached) {cpu:.2f} s = {cpu / count * 1e6:,.0f} µs per {unit}. py-spy samples "
              "wall-clock stacks: a leaf in Runner.run is uvloop's C loop, mostly waiting in "
@@ -146,10 +158,12 @@ async def profile(scenario: str, publisher: str, rows: int, seconds: float, *, o
 def main() -> int:
     """Profile, then print and save the summary."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("--scenario", default="drain", choices=("drain", "trickle"))
+    parser.add_argument("--scenario", default="drain", choices=("drain", "trickle", "rate"))
     parser.add_argument("--publisher", default="bulk", choices=("bulk", "simple"))
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=int, default=1000, help="rate: commits per second")
+    parser.add_argument("--connections", type=int, default=4, help="rate: producer connections")
     parser.add_argument("--label", default="after")
     parser.add_argument("--traced", action="store_true",
                         help="drain: every row carries its own traceparent in options.headers")
@@ -159,7 +173,8 @@ def main() -> int:
     started = time.monotonic()
     collapsed, head = asyncio.run(profile(args.scenario, args.publisher, args.rows,
                                           args.seconds, out=args.out, label=args.label,
-                                          traced=args.traced))
+                                          traced=args.traced, rate=args.rate,
+                                          connections=args.connections))
     text = (f"command: python -m bench.profile {' '.join(sys.argv[1:])}\n"
             f"relay source: {RELAY_SRC or 'this checkout'}\n{head}\n\n" + summarise(collapsed))
     (args.out / f"profile-{args.scenario}-{args.label}.summary.txt").write_text(text + "\n")
