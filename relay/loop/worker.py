@@ -176,11 +176,12 @@ class Worker:
     async def drain(self) -> None:
         """Run `concurrency` lanes until none finds a full batch of due rows."""
         # A trickle fits one batch: claim it alone rather than with `concurrency` claims, two
-        # of which would come back empty (this matters when sweeps come every few ms).
+        # of which would come back empty (this matters when sweeps come every few ms). A
+        # NOTIFY that came meanwhile leaves the doorbell rung: the loop sweeps again at once,
+        # with one claim again; only a full batch says a backlog needs every lane.
         if self.publisher.ready:
             claimed = await self.run_batch()
-            short = self._short(claimed)
-            if short and not self._wake.is_set():
+            if self._short(claimed):
                 return
         # A lane that fails (its database connection dropped) must not cancel the others: their
         # batches may already be acked by the broker, and rolling them back would send them

@@ -1,5 +1,5 @@
-"""Steady load: rows committed while a batch is in flight are claimed by the lane that
-finishes, without waiting for the drain to end (relay/loop/worker.py `_lane`)."""
+"""Steady load: rows committed while a batch is in flight are claimed right after it, by one
+claim (relay/loop/worker.py `drain`, `_lane`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from relay.interfaces import Message, OutboxRow, PublishResult
 from relay.loop.worker import Worker, WorkerConfig
+from tests.helpers import wait_until
 from tests.unit.kit import FakePublisher, FakeStore, rows
 
 
@@ -39,16 +40,21 @@ class SlowFirstPublisher:
 
 async def test_lane__claims_rows_committed_during_its_batch_when_woken() -> None:
     store, pub = FakeStore(rows(3)), SlowFirstPublisher()
-    worker = Worker(store, pub, WorkerConfig(batch_size=10, concurrency=1, poll_interval_s=30))
-    drain = asyncio.ensure_future(worker.drain())
-    await asyncio.wait_for(pub.in_flight.wait(), timeout=5)
-    store.rows += [r._replace(id=f"late-{r.id}") for r in rows(2)]  # a producer commits
-    worker.wake()  # ... and its NOTIFY arrives while the first batch awaits its confirms
-    pub.release.set()
-    await asyncio.wait_for(drain, timeout=5)
+    worker = Worker(store, pub, WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30))
+    run = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.wait_for(pub.in_flight.wait(), timeout=5)
+        store.rows += [r._replace(id=f"late-{r.id}") for r in rows(2)]  # a producer commits
+        worker.wake()  # ... and its NOTIFY arrives while the first batch awaits its confirms
+        pub.release.set()
+        await wait_until(lambda: not store.rows, timeout_s=5, what="the late rows settled")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, timeout=5)
     assert len(pub.batches) == 2
     assert pub.batches[1] == ["late-id-0", "late-id-1"]
-    assert store.rows == []
+    # One claim per batch: the NOTIFY brought one more sweep, not a claim on every lane.
+    assert store.claims == 3  # the two batches, then the claim that found nothing
 
 
 async def test_lane__without_a_wake_up_a_short_batch_ends_the_drain() -> None:
