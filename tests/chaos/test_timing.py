@@ -8,11 +8,10 @@ import asyncio
 import time
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from tests.chaos.harness import RobustConsumer, fresh_ids, insert_with_ids, relays
-from tests.helpers import Env, wait_until
+from tests.helpers import Env, pg_session, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -24,8 +23,7 @@ async def test_retry_timing__backoff_is_respected_and_other_rows_keep_flowing(
     env: Env, tmp_path: Path
 ) -> None:
     consumer = await RobustConsumer(env.amqp_url, env.queue).start()
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         with relays(env, tmp_path, retry_base_s=BASE_S, retry_max_s=30, max_attempts=4,
                     poll_interval_s=30) as group:
             group.start()
@@ -73,8 +71,6 @@ async def test_retry_timing__backoff_is_respected_and_other_rows_keep_flowing(
         # Not queued behind the failing row: they arrive within its longest backoff here
         # (attempt 3 waits up to BASE_S * 4); rows held up behind it would wait that long.
         assert flow_s <= BASE_S * 2 ** 2, flow_s
-    finally:
-        await conn.close()
         await consumer.stop()
 
 
@@ -90,8 +86,7 @@ async def test_delayed_delivery__published_when_due_not_at_the_next_poll(
     env: Env, tmp_path: Path
 ) -> None:
     consumer = await RobustConsumer(env.amqp_url, env.queue).start()
-    conn = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
         with relays(env, tmp_path, poll_interval_s=30) as group:
             relay = group.start()
             await wait_until(lambda: '"relay_started"' in relay.log_text(), what="start")
@@ -113,6 +108,4 @@ async def test_delayed_delivery__published_when_due_not_at_the_next_poll(
         for rid in due:
             assert early[rid] >= -0.05, "published before it was due"
             assert late[rid] <= LATE_TOLERANCE_S
-    finally:
-        await conn.close()
         await consumer.stop()

@@ -15,7 +15,7 @@ import pytest
 
 from tests.chaos.harness import broker_user as temporary_broker_user
 from tests.chaos.harness import rabbitmqctl, via_proxy
-from tests.helpers import Consumer, Env, insert_rows, with_user
+from tests.helpers import Consumer, Env, insert_rows, pg_session, with_user
 from tests.integration.test_http import http_get
 from tests.proxy import TcpProxy, free_port
 
@@ -146,37 +146,35 @@ async def test_database_login_refused_after_start__backs_off_and_delivers_once_a
     """The same for PostgreSQL: a login refused after start (here the role loses LOGIN and its
     sessions are ended; this machine trusts passwords) is retried with backoff by every
     session the relay keeps, not in a loop."""
-    import asyncpg
 
     role = f"relay_pg_{secrets.token_hex(3)}"
-    admin = await asyncpg.connect(env.pg_dsn)
-    parts = urlsplit(env.pg_dsn)
-    proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
-    try:
-        await admin.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
-        dsn = via_proxy(with_user(env.pg_dsn, role), proxy.port)
-        relay = start_relay(pg_dsn=dsn)
-        first = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
-        await consumer.wait_for(5)
-        await admin.execute(f"ALTER ROLE {role} NOLOGIN")
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            "WHERE usename = $1", role)
-        during = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5, 10))
-        await asyncio.sleep(1.0)
-        before, started = proxy.connections_made, time.monotonic()
-        await asyncio.sleep(6.0)
-        logins = proxy.connections_made - before
-        # Every session the relay keeps backs off: 8 logins in 6 s here.
-        print(f"database logins while refused: {logins} in {time.monotonic() - started:.1f}s")
-        assert logins <= 20, f"{logins} logins in {time.monotonic() - started:.1f}s"
-        assert relay.alive()
-        await admin.execute(f"ALTER ROLE {role} LOGIN")
-        await consumer.wait_for(10, timeout_s=60)
-        assert sorted(set(consumer.ids())) == sorted(first + during)
-        assert await relay.stop() == 0
-    finally:
-        await proxy.close()
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            "WHERE usename = $1", role)
-        await admin.execute(f"DROP ROLE IF EXISTS {role}")
-        await admin.close()
+    async with pg_session(env.pg_dsn) as admin:
+        parts = urlsplit(env.pg_dsn)
+        proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+        try:
+            await admin.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
+            dsn = via_proxy(with_user(env.pg_dsn, role), proxy.port)
+            relay = start_relay(pg_dsn=dsn)
+            first = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
+            await consumer.wait_for(5)
+            await admin.execute(f"ALTER ROLE {role} NOLOGIN")
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE usename = $1", role)
+            during = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5, 10))
+            await asyncio.sleep(1.0)
+            before, started = proxy.connections_made, time.monotonic()
+            await asyncio.sleep(6.0)
+            logins = proxy.connections_made - before
+            # Every session the relay keeps backs off: 8 logins in 6 s here.
+            print(f"database logins while refused: {logins} in {time.monotonic() - started:.1f}s")
+            assert logins <= 20, f"{logins} logins in {time.monotonic() - started:.1f}s"
+            assert relay.alive()
+            await admin.execute(f"ALTER ROLE {role} LOGIN")
+            await consumer.wait_for(10, timeout_s=60)
+            assert sorted(set(consumer.ids())) == sorted(first + during)
+            assert await relay.stop() == 0
+        finally:
+            await proxy.close()
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE usename = $1", role)
+            await admin.execute(f"DROP ROLE IF EXISTS {role}")

@@ -226,28 +226,27 @@ async def test_conditional__no_notifications_while_relay_drains_backlog(
     cond_env: Env, notifications: NotifyCounter, start_relay
 ) -> None:
     env = cond_env
-    conn = await asyncpg.connect(env.pg_dsn)
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content) "
-        "SELECT $1, 'rk', jsonb_build_object('n', g) FROM generate_series(1, 10000) g",
-        env.exchange,
-    )
-    backlog_sent = await notifications.settle()  # no relay sleeps: the bulk insert is silent
-    start_relay(poll_interval_s=POLL_S, batch_size=100, concurrency=1)
-    await wait_until(lambda: _below(env.pg_dsn, 9_500), what="relay draining")
-    pool = await asyncpg.create_pool(env.pg_dsn, min_size=8, max_size=8)
-    await asyncio.gather(*(produce_one(pool, env) for _ in range(400)))
-    left = await count_rows(env.pg_dsn)
-    during = await notifications.settle() - backlog_sent
-    print(f"\nbacklog: {during} notifications for 400 producer commits; {left} rows left")
-    assert left > 400, "the relay finished the backlog before the producers did"
-    assert during == 0
-    # Control: once the relay sleeps, the same producer transaction does notify.
-    await wait_sleepers(env.pg_dsn, 1, timeout_s=60)
-    await produce_one(pool, env)
-    await pool.close()
-    await wait_until(lambda: _notified_beyond(notifications, backlog_sent), what="a NOTIFY")
-    await conn.close()
+    async with pg_session(env.pg_dsn) as conn:
+        await conn.execute(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "SELECT $1, 'rk', jsonb_build_object('n', g) FROM generate_series(1, 10000) g",
+            env.exchange,
+        )
+        backlog_sent = await notifications.settle()  # no relay sleeps: the bulk insert is silent
+        start_relay(poll_interval_s=POLL_S, batch_size=100, concurrency=1)
+        await wait_until(lambda: _below(env.pg_dsn, 9_500), what="relay draining")
+        pool = await asyncpg.create_pool(env.pg_dsn, min_size=8, max_size=8)
+        await asyncio.gather(*(produce_one(pool, env) for _ in range(400)))
+        left = await count_rows(env.pg_dsn)
+        during = await notifications.settle() - backlog_sent
+        print(f"\nbacklog: {during} notifications for 400 producer commits; {left} rows left")
+        assert left > 400, "the relay finished the backlog before the producers did"
+        assert during == 0
+        # Control: once the relay sleeps, the same producer transaction does notify.
+        await wait_sleepers(env.pg_dsn, 1, timeout_s=60)
+        await produce_one(pool, env)
+        await pool.close()
+        await wait_until(lambda: _notified_beyond(notifications, backlog_sent), what="a NOTIFY")
 
 
 async def _below(dsn: str, n: int) -> bool:
@@ -267,13 +266,12 @@ async def test_conditional__relay_killed_while_asleep_or_awake_then_new_relay_se
     if state == "asleep":
         await wait_sleepers(env.pg_dsn, 1)
     else:
-        conn = await asyncpg.connect(env.pg_dsn)
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT $1, 'rk', jsonb_build_object('n', g) FROM generate_series(1, 10000) g",
-            env.exchange,
-        )
-        await conn.close()
+        async with pg_session(env.pg_dsn) as conn:
+            await conn.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content) "
+                "SELECT $1, 'rk', jsonb_build_object('n', g) FROM generate_series(1, 10000) g",
+                env.exchange,
+            )
         await wait_until(lambda: _below(env.pg_dsn, 9_500), what="relay draining")
         assert await sleepers(env.pg_dsn) == 0
     old.kill()

@@ -107,10 +107,9 @@ async def test_replicas__three_relays_and_four_producers_deliver_every_row_exact
     relays = [start_relay(batch_size=200) for _ in range(3)]
 
     async def produce(worker: int) -> list[str]:
-        conn = await asyncpg.connect(env.pg_dsn)
-        ids: list[str] = []
-        rng = random.Random(worker)
-        try:
+        async with pg_session(env.pg_dsn) as conn:
+            ids: list[str] = []
+            rng = random.Random(worker)
             per = total // producers
             sent = 0
             while sent < per:
@@ -125,8 +124,6 @@ async def test_replicas__three_relays_and_four_producers_deliver_every_row_exact
                 ids.extend(r[0] for r in rows)
                 sent += n
                 await asyncio.sleep(rng.uniform(0, 0.01))
-        finally:
-            await conn.close()
         return ids
 
     produced = await asyncio.gather(*(produce(w) for w in range(producers)))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import quote, urlsplit
 
-import asyncpg
 import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relay import dsn
+from tests.helpers import pg_session
 from tests.proxy import free_port
 
 FACTS = ("SELECT current_user::text, current_database()::text, "
@@ -28,13 +28,10 @@ passwords = st.text(st.sampled_from("pw#/?@:' \\=&%+,é"), min_size=1, max_size=
 
 
 async def _asyncpg_facts(text: str) -> tuple[object, ...]:
-    conn = await asyncpg.connect(**dsn.parse(text).asyncpg_args())
-    try:
+    async with pg_session(**dsn.parse(text).asyncpg_args()) as conn:
         row = await conn.fetchrow(FACTS)
         assert row is not None
         return tuple(row)
-    finally:
-        await conn.close()
 
 
 def _libpq_facts(text: str) -> tuple[object, ...]:

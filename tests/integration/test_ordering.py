@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
-import asyncpg
 import pytest
 
 from relay.settings import Settings
@@ -327,30 +326,29 @@ async def test_keyed_claim__a_due_key_is_claimed_at_once_behind_20000_waiting_ke
     from tests.helpers import Consumer
 
     consumer = await Consumer(env.amqp_url, env.queue).start()
-    conn = await asyncpg.connect(env.pg_dsn)
     try:
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, "
-            "available_at) SELECT $1, $2, jsonb_build_object('w', g), 'waiting-' || g, "
-            "now() + interval '1 day' FROM generate_series(1, 20000) g",
-            env.exchange, env.routing_key)
-        await conn.execute("ANALYZE queue_message")
-        relay = start_relay()
-        await asyncio.sleep(1.0)  # the relay is up and asleep
-        started = time.monotonic()
-        due = await conn.fetchval(
-            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-            "VALUES ($1, $2, '{\"due\": 1}', 'due-key') RETURNING id::text",
-            env.exchange, env.routing_key)
-        await consumer.wait_for(1, timeout_s=10)
-        elapsed = time.monotonic() - started
-        assert consumer.ids() == [due]
-        # One wake-up, not a poll interval (2 s here) or a lucky walk.
-        assert elapsed < 1.5, f"the due key waited {elapsed:.2f}s"
-        assert await count_rows(env.pg_dsn) == 20000
-        assert relay.alive()
+        async with pg_session(env.pg_dsn) as conn:
+            await conn.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, "
+                "available_at) SELECT $1, $2, jsonb_build_object('w', g), 'waiting-' || g, "
+                "now() + interval '1 day' FROM generate_series(1, 20000) g",
+                env.exchange, env.routing_key)
+            await conn.execute("ANALYZE queue_message")
+            relay = start_relay()
+            await asyncio.sleep(1.0)  # the relay is up and asleep
+            started = time.monotonic()
+            due = await conn.fetchval(
+                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+                "VALUES ($1, $2, '{\"due\": 1}', 'due-key') RETURNING id::text",
+                env.exchange, env.routing_key)
+            await consumer.wait_for(1, timeout_s=10)
+            elapsed = time.monotonic() - started
+            assert consumer.ids() == [due]
+            # One wake-up, not a poll interval (2 s here) or a lucky walk.
+            assert elapsed < 1.5, f"the due key waited {elapsed:.2f}s"
+            assert await count_rows(env.pg_dsn) == 20000
+            assert relay.alive()
     finally:
-        await conn.close()
         await consumer.stop()
 
 

@@ -24,13 +24,10 @@ from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_session, wa
 @pytest.fixture
 async def pinned(env: Env) -> AsyncIterator[asyncpg.Connection]:
     """A session whose snapshot holds the database's xmin horizon for the whole test."""
-    conn = await asyncpg.connect(env.pg_dsn)
-    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    await conn.fetchval("SELECT count(*) FROM queue_message")
-    try:
+    async with pg_session(env.pg_dsn) as conn:
+        await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await conn.fetchval("SELECT count(*) FROM queue_message")
         yield conn
-    finally:
-        await conn.close()
 
 
 async def _index_entries_read(conn: asyncpg.Connection, sql: str, *args: Any) -> int:
@@ -74,9 +71,7 @@ async def test_with_the_horizon_pinned__rows_below_the_floor_are_found_by_the_sw
     """A producer transaction that took its seq early and commits while the relay is busy far
     above it (floored claims), and one that commits when the relay is idle: both delivered,
     within the sweep period, nothing twice."""
-    late = await asyncpg.connect(env.pg_dsn)
-    late_idle = await asyncpg.connect(env.pg_dsn)
-    try:
+    async with pg_session(env.pg_dsn) as late, pg_session(env.pg_dsn) as late_idle:
         ids = []
         for conn in (late, late_idle):
             await conn.execute("BEGIN")
@@ -110,9 +105,6 @@ async def test_with_the_horizon_pinned__rows_below_the_floor_are_found_by_the_sw
         await wait_until(lambda: ids[1] in consumer.ids(), timeout_s=10,
                          what="the row committed late below the floor, to an idle relay")
         idle_s = time.monotonic() - committed
-    finally:
-        await late.close()
-        await late_idle.close()
     assert busy_s < 3.0, busy_s
     assert idle_s < 1.0, idle_s
     assert sorted(set(consumer.ids())) == sorted([*flow, *ids])

@@ -52,21 +52,20 @@ async def roles(env: Env) -> AsyncIterator[Roles]:
     done = relay_cmd(env, "migrate", "--roles", "--producer-role", r.producer,
                      "--relay-role", r.relay)
     assert done.returncode == 0, done.stderr
-    admin = await asyncpg.connect(env.pg_dsn)
-    try:
-        await admin.execute(f"CREATE ROLE {r.producer_login} LOGIN IN ROLE {r.producer}")
-        await admin.execute(f"CREATE ROLE {r.relay_login} LOGIN IN ROLE {r.relay}")
-        yield r
-    finally:
-        # Roles are cluster-wide: drop their grants in this database, then the roles.
-        await admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE usename IN ('{r.producer_login}', '{r.relay_login}')"
-        )
-        for role in (r.producer_login, r.relay_login, r.producer, r.relay):
-            await admin.execute(f"DROP OWNED BY {role}")
-            await admin.execute(f"DROP ROLE {role}")
-        await admin.close()
+    async with pg_session(env.pg_dsn) as admin:
+        try:
+            await admin.execute(f"CREATE ROLE {r.producer_login} LOGIN IN ROLE {r.producer}")
+            await admin.execute(f"CREATE ROLE {r.relay_login} LOGIN IN ROLE {r.relay}")
+            yield r
+        finally:
+            # Roles are cluster-wide: drop their grants in this database, then the roles.
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                f"WHERE usename IN ('{r.producer_login}', '{r.relay_login}')"
+            )
+            for role in (r.producer_login, r.relay_login, r.producer, r.relay):
+                await admin.execute(f"DROP OWNED BY {role}")
+                await admin.execute(f"DROP ROLE {role}")
 
 
 async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
@@ -208,17 +207,13 @@ async def test_roles__relay_role_cannot_insert_yet_replays_through_the_definer_f
             "INSERT INTO queue_message_dead (id, seq, exchange, routing_key, content, "
             "created_at, available_at, attempts, reason) VALUES (gen_random_uuid(), 1, $1, "
             "'rk', '{}', now(), now(), 3, 'exchange_not_found')", env.exchange)
-    relay_conn = await asyncpg.connect(relay_dsn)
-    producer = await asyncpg.connect(as_user(env.pg_dsn, roles.producer_login))
-    try:
+    async with (pg_session(relay_dsn) as relay_conn,
+                pg_session(as_user(env.pg_dsn, roles.producer_login)) as producer):
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await relay_conn.execute(
                 "INSERT INTO queue_message (exchange, content) VALUES ('x', '{}')")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):  # not PUBLIC's to call
             await producer.execute("SELECT queue_message_replay(ARRAY[]::uuid[])")
-    finally:
-        await relay_conn.close()
-        await producer.close()
     done = relay_cmd(env, "dead", "replay", "--all", pg_dsn=relay_dsn)
     assert done.returncode == 0, done.stderr
     assert "replayed 1 of 1" in done.stdout

@@ -8,12 +8,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-import asyncpg
-
 from relay.pg.migrate import migrate
 from relay.pg.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
 from relay.settings import NotifyMode
-from tests.helpers import Env, pg_fetch, pg_fetchval, wait_until
+from tests.helpers import Env, pg_fetch, pg_fetchval, pg_session, wait_until
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 POLL_S = 30  # a missed wake-up would wait this long
@@ -44,33 +42,32 @@ async def _delivered(dsn: str, row_id: str) -> bool:
 async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_killed(
     env: Env, start_relay
 ) -> None:
-    conn = await asyncpg.connect(env.pg_dsn)
-    await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
-    first = start_relay(poll_interval_s=POLL_S)
-    second = start_relay(poll_interval_s=POLL_S)
-    await wait_until(lambda: _one_holder(env.pg_dsn), what="one relay holding the sleeper role")
-    holder = (await _holders(env.pg_dsn))[0]
-    sleeper, waiter = (first, second) if first.pid == holder else (second, first)
-    assert waiter.pid != holder
-    await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
+    async with pg_session(env.pg_dsn) as conn:
+        await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+        first = start_relay(poll_interval_s=POLL_S)
+        second = start_relay(poll_interval_s=POLL_S)
+        await wait_until(lambda: _one_holder(env.pg_dsn), what="one relay holding the sleeper role")
+        holder = (await _holders(env.pg_dsn))[0]
+        sleeper, waiter = (first, second) if first.pid == holder else (second, first)
+        assert waiter.pid != holder
+        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
 
-    # A row while the sleeper sleeps: notified, delivered by either relay.
-    row_id = await conn.fetchval(INSERT, env.exchange)
-    await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5, what="delivery")
+        # A row while the sleeper sleeps: notified, delivered by either relay.
+        row_id = await conn.fetchval(INSERT, env.exchange)
+        await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5, what="delivery")
 
-    sleeper.kill()
-    await wait_until(lambda: _holder_is(env.pg_dsn, waiter.pid), timeout_s=10,
-                     what="the waiter granted the sleeper role")
-    # Committed right away: the new sleeper may still be on its way to the lock, so this
-    # producer may skip the NOTIFY; its check after the lock must find the row.
-    started = time.monotonic()
-    orphan = await conn.fetchval(INSERT, env.exchange)
-    await wait_until(lambda: _delivered(env.pg_dsn, orphan), timeout_s=POLL_S / 3,
-                     what="the row committed during the hand-over, before the periodic sweep")
-    assert time.monotonic() - started < 5
-    await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
-    assert waiter.alive()
-    await conn.close()
+        sleeper.kill()
+        await wait_until(lambda: _holder_is(env.pg_dsn, waiter.pid), timeout_s=10,
+                         what="the waiter granted the sleeper role")
+        # Committed right away: the new sleeper may still be on its way to the lock, so this
+        # producer may skip the NOTIFY; its check after the lock must find the row.
+        started = time.monotonic()
+        orphan = await conn.fetchval(INSERT, env.exchange)
+        await wait_until(lambda: _delivered(env.pg_dsn, orphan), timeout_s=POLL_S / 3,
+                         what="the row committed during the hand-over, before the periodic sweep")
+        assert time.monotonic() - started < 5
+        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
+        assert waiter.alive()
 
 
 async def _one_holder(dsn: str) -> bool:
@@ -96,35 +93,35 @@ async def test_sleeper_that_cannot_publish__hands_the_role_over_and_rows_flow_at
     from tests.chaos.harness import via_proxy
     from tests.proxy import TcpProxy
 
-    conn = await asyncpg.connect(env.pg_dsn)
-    await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
-    parts = urlsplit(env.amqp_url)
-    proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
-    try:
-        sleeper = start_relay(poll_interval_s=POLL_S, amqp_url=via_proxy(env.amqp_url, proxy.port))
-        await wait_until(lambda: _holder_is(env.pg_dsn, sleeper.pid), timeout_s=10,
-                         what="the first relay holding the sleeper role")
-        other = start_relay(poll_interval_s=POLL_S)
-        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
-        await proxy.cut()  # the sleeper's broker is gone (and stays gone)
-        first = await conn.fetchval(INSERT, env.exchange)
-        await wait_until(lambda: _delivered(env.pg_dsn, first), timeout_s=10,
-                         what="a row delivered by the relay that can publish")
-        await wait_until(lambda: _holder_is(env.pg_dsn, other.pid), timeout_s=10,
-                         what="the role handed to the relay that can publish")
-        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
-        for _ in range(3):
-            started = time.monotonic()
-            row_id = await conn.fetchval(INSERT, env.exchange)
-            await wait_until(lambda rid=row_id: _delivered(env.pg_dsn, rid),  # type: ignore[misc]
-                             timeout_s=POLL_S / 3, what="a later row, before any poll")
-            assert time.monotonic() - started < 2
-        assert any(e.get("event") == "wakeup_role_released" for e in sleeper.log_events())
-        assert sleeper.alive()
-        assert other.alive()
-    finally:
-        await proxy.close()
-        await conn.close()
+    async with pg_session(env.pg_dsn) as conn:
+        await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+        parts = urlsplit(env.amqp_url)
+        proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+        try:
+            sleeper = start_relay(poll_interval_s=POLL_S,
+                                  amqp_url=via_proxy(env.amqp_url, proxy.port))
+            await wait_until(lambda: _holder_is(env.pg_dsn, sleeper.pid), timeout_s=10,
+                             what="the first relay holding the sleeper role")
+            other = start_relay(poll_interval_s=POLL_S)
+            await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
+            await proxy.cut()  # the sleeper's broker is gone (and stays gone)
+            first = await conn.fetchval(INSERT, env.exchange)
+            await wait_until(lambda: _delivered(env.pg_dsn, first), timeout_s=10,
+                             what="a row delivered by the relay that can publish")
+            await wait_until(lambda: _holder_is(env.pg_dsn, other.pid), timeout_s=10,
+                             what="the role handed to the relay that can publish")
+            await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
+            for _ in range(3):
+                started = time.monotonic()
+                row_id = await conn.fetchval(INSERT, env.exchange)
+                await wait_until(lambda rid=row_id: _delivered(env.pg_dsn, rid),  # type: ignore[misc]
+                                 timeout_s=POLL_S / 3, what="a later row, before any poll")
+                assert time.monotonic() - started < 2
+            assert any(e.get("event") == "wakeup_role_released" for e in sleeper.log_events())
+            assert sleeper.alive()
+            assert other.alive()
+        finally:
+            await proxy.close()
 
 
 def _healthz_connection(port: int, name: str) -> dict[str, object]:
@@ -144,11 +141,10 @@ async def test_sleeper_session_lost__shown_in_healthz_logged_once_and_taken_agai
     sleeper role again on a new session."""
     from tests.proxy import free_port
 
-    conn = await asyncpg.connect(env.pg_dsn)
-    await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
-    port = free_port()
-    relay = start_relay(poll_interval_s=POLL_S, http_port=port)
-    try:
+    async with pg_session(env.pg_dsn) as conn:
+        await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+        port = free_port()
+        relay = start_relay(poll_interval_s=POLL_S, http_port=port)
         await wait_until(lambda: _holder_is(env.pg_dsn, relay.pid), timeout_s=10,
                          what="the relay holding the sleeper role")
         await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
@@ -173,5 +169,3 @@ async def test_sleeper_session_lost__shown_in_healthz_logged_once_and_taken_agai
         await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5,
                          what="a row after the new session, before any poll")
         assert relay.alive()
-    finally:
-        await conn.close()
