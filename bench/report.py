@@ -158,6 +158,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [f"| {name} | {'-' if v is None else f'{v:g}'} | {bound} | "
               f"{'yes' if met else '**no**'} |"
               for name, v, bound, met in targets(s, report["notify_mode"])]
+    lines += ["", "For a target not met, docs/speed.md (\"The targets and the latest full run\") "
+              "gives where its time goes, from the traces, profiles and per-process CPU of "
+              "bench/compare/ and bench/profiles/, and what would move it."]
     lines += ["", "## Ratios (this run)", "", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {val} |" for k, val in s["ratios"].items()]
     lines += ["", *_render_drains(s)]
