@@ -174,7 +174,8 @@ class Worker:
         return min(self.config.poll_interval_s, due + 0.005)
 
     async def drain(self) -> None:
-        """Run `concurrency` lanes until none finds a full batch of due rows."""
+        """One batch; if it came back full, `concurrency` lanes until none finds a full batch
+        of due rows."""
         # A trickle fits one batch: claim it alone rather than with `concurrency` claims, two
         # of which would come back empty (this matters when sweeps come every few ms). A
         # NOTIFY that came meanwhile leaves the doorbell rung: the loop sweeps again at once,
