@@ -337,7 +337,8 @@ def _pids_named(names: tuple[str, ...]) -> list[int]:
     return pids
 
 
-def _total_cpu_s() -> tuple[float, float]:
+def machine_cpu_s() -> tuple[float, float]:
+    """CPU-seconds of the whole machine so far: (all, idle), from /proc/stat."""
     parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     values = [int(v) for v in parts]
     idle = values[3] + values[4]
@@ -357,12 +358,12 @@ def cpu_split(relay_pids: list[int]) -> Iterator[dict[str, float]]:
     }
     start_pids = {k: f() for k, f in groups.items()}
     start = {k: {p: cpu_s(p) for p in pids} for k, pids in start_pids.items()}
-    total0, idle0 = _total_cpu_s()
+    total0, idle0 = machine_cpu_s()
     t0 = time.monotonic()
     out: dict[str, float] = {}
     yield out
     wall = max(time.monotonic() - t0, 1e-6)
-    total1, idle1 = _total_cpu_s()
+    total1, idle1 = machine_cpu_s()
     for key, f in groups.items():
         used = 0.0
         for pid in set(f()) | set(start[key]):

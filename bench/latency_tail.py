@@ -28,13 +28,20 @@ from typing import Any
 import asyncpg
 import uvloop
 
-from bench.common import OneOff, one_off, one_off_env, percentile, wait_quiet
+from bench.common import (
+    OneOff,
+    cpu_s,
+    machine_cpu_s,
+    one_off,
+    one_off_env,
+    percentile,
+    wait_quiet,
+)
 from bench.compare import _revision
 from bench.latency import latency_once
 
 WINDOW_S = 0.1
 BURST = 1.5  # a window whose commits reach this many times the rate is a catch-up burst
-_CLK = os.sysconf("SC_CLK_TCK")
 
 
 def _kind(pid: str, apps: dict[str, str]) -> str:
@@ -61,27 +68,14 @@ def _kind(pid: str, apps: dict[str, str]) -> str:
     return kind
 
 
-def _ticks(pid: str) -> int:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return -1
-    return int(fields[11]) + int(fields[12])
-
-
-def _machine_ticks() -> tuple[int, int]:
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(values), values[3] + values[4]
-
-
 class Sampler:
     """Machine CPU every 50 ms; per-process CPU every 250 ms (first and last reading)."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.busy: list[tuple[float, float]] = []  # (monotonic, share of both cores busy)
-        self.first: dict[str, tuple[float, int]] = {}
-        self.last: dict[str, tuple[float, int]] = {}
+        self.first: dict[str, tuple[float, float]] = {}  # (monotonic, CPU-seconds so far)
+        self.last: dict[str, tuple[float, float]] = {}
         self.apps: dict[str, str] = {}
         self.kinds: dict[str, str] = {}
         self._stop = asyncio.Event()
@@ -89,11 +83,11 @@ class Sampler:
     async def run(self) -> None:
         conn = await asyncpg.connect(self.dsn)
         try:
-            total0, idle0 = _machine_ticks()
+            total0, idle0 = machine_cpu_s()
             n = 0
             while not self._stop.is_set():
                 await asyncio.sleep(0.05)
-                total, idle = _machine_ticks()
+                total, idle = machine_cpu_s()
                 if total > total0:
                     self.busy.append((time.monotonic(), 1 - (idle - idle0) / (total - total0)))
                 total0, idle0 = total, idle
@@ -109,11 +103,12 @@ class Sampler:
     def _processes(self) -> None:
         now = time.monotonic()
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            ticks = _ticks(pid)
-            if ticks >= 0:
-                self.first.setdefault(pid, (now, ticks))
-                self.last[pid] = (now, ticks)
-                self.kinds[pid] = _kind(pid, self.apps)
+            used = cpu_s(int(pid))
+            if used == 0.0 and pid in self.last:
+                continue  # gone since listdir (cpu_s reads 0.0 then)
+            self.first.setdefault(pid, (now, used))
+            self.last[pid] = (now, used)
+            self.kinds[pid] = _kind(pid, self.apps)
 
     def stop(self) -> None:
         self._stop.set()
@@ -121,11 +116,11 @@ class Sampler:
     def cores(self, start: float, end: float) -> dict[str, float]:
         """Cores used per kind of process between the monotonic times start and end."""
         used: collections.Counter[str] = collections.Counter()
-        for pid, (t1, ticks1) in self.last.items():
-            t0, ticks0 = self.first[pid]
+        for pid, (t1, used1) in self.last.items():
+            t0, used0 = self.first[pid]
             if t1 < start or t0 > end:
                 continue
-            used[self.kinds[pid]] += (ticks1 - ticks0) / _CLK
+            used[self.kinds[pid]] += used1 - used0
         return {k: round(v / max(end - start, 1e-6), 2) for k, v in used.most_common()}
 
 
