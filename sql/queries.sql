@@ -146,8 +146,14 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- relay holds are skipped, not waited for), at most $1 rows and about $4 bytes in all:
 -- * keyed: the head runs of up to $2 keys, by {claim_keyed_fn} (per-key order, docs/ordering.md;
 --   $3: skip keys that have a dead letter; sql/migrations/0009_keyed_claim_by_due_heads.sql);
--- * unkeyed: in insertion order from seq $5 up (deleted rows a pinned xmin horizon keeps in
---   the index stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
+-- * unkeyed, fair between transactions (sql/migrations/0011_fair_claims.sql): first a share of
+--   due rows from each of up to 32 transactions (the one of the oldest due row, then the next
+--   ones by transaction id, one index probe each), at most half the room, each share found
+--   among the transaction's first 64 rows (from the floor up: a delayed or locked bulk costs
+--   one short look, not a walk); then the rest of the room in insertion order. A bulk transaction's backlog cannot hold back a one-row
+--   transaction's row for more than one claim, and the oldest rows always go.
+--   Both parts take rows from seq $5 up (deleted rows a pinned xmin horizon keeps in the index
+--   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
 -- alternate, so that a deep backlog of one kind cannot starve the other while a table holding
 -- one kind only still gets full batches. A kind whose turn finds no room is not run.
@@ -156,7 +162,7 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- transaction ends. Content comes as UTF-8 bytes: the message body as it is, never a str.
 -- $6 goes through a materialized CTE, so that the plan is the same whatever its value: the
 -- server then keeps one generic plan instead of planning every claim again.
-WITH turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
+WITH RECURSIVE turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
 keyed_first AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
            f.seq, f.ordering_key
@@ -168,25 +174,71 @@ room_after_keyed AS (
            $4 - COALESCE(sum(COALESCE(octet_length(content), 0)
                              + COALESCE(octet_length(options), 0)), 0) AS n_bytes
     FROM keyed_first),
+-- The transactions of the fair round: the oldest due row's, then the next ones by id.
+xacts AS (
+    (SELECT h.xact, 1 AS n
+     FROM {table} AS h, room_after_keyed AS r
+     WHERE h.available_at <= now() AND h.ordering_key IS NULL AND h.seq >= $5
+       AND r.n_rows > 1 AND r.n_bytes > 0
+     ORDER BY h.seq
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.xact FROM {table} AS t
+            WHERE t.ordering_key IS NULL AND t.xact > x.xact AND t.seq >= $5
+            ORDER BY t.xact
+            LIMIT 1), x.n + 1
+    FROM xacts AS x
+    WHERE x.xact IS NOT NULL
+      AND x.n < LEAST(32, (SELECT n_rows FROM room_after_keyed) / 2)),
+fair AS (
+    SELECT c.seq
+    FROM room_after_keyed AS r, xacts AS x,
+         LATERAL (SELECT t.seq
+                  FROM (SELECT v.seq FROM {table} AS v
+                        -- The floor as a row comparison: only the (xact, seq) index
+                        -- can serve it, so no plan walks the seq index for one transaction.
+                        WHERE v.xact = x.xact AND v.ordering_key IS NULL
+                          AND (v.xact, v.seq) >= (x.xact, $5::bigint)
+                        ORDER BY v.xact, v.seq
+                        LIMIT 64) AS v
+                  JOIN {table} AS t ON t.seq = v.seq
+                  WHERE t.available_at <= now()
+                  ORDER BY v.seq
+                  LIMIT GREATEST(r.n_rows / 64, 1)
+                  FOR UPDATE OF t SKIP LOCKED) AS c
+    WHERE x.xact IS NOT NULL),
+fair_seqs AS (
+    SELECT COALESCE(array_agg(seq), '{}'::bigint[]) AS seqs, count(*) AS n FROM fair),
 unkeyed AS (
     SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
            w.seq, w.ordering_key
     FROM (SELECT c.*,
                  sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
-                     OVER (ORDER BY c.seq)
+                     OVER (ORDER BY c.fill, c.seq)
                      - COALESCE(octet_length(c.content), 0) - COALESCE(octet_length(c.options), 0)
                      AS before
           FROM (SELECT id::text AS id, exchange, routing_key,
                        convert_to(content::text, 'UTF8') AS content, options::text AS options,
                        GREATEST(attempts, 0) AS attempts,
                        EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
-                       NULL::text AS ordering_key
+                       NULL::text AS ordering_key, false AS fill
                 FROM {table}
-                WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $5
-                ORDER BY seq
-                LIMIT (SELECT CASE WHEN n_bytes > 0 THEN GREATEST(n_rows, 0) ELSE 0 END
-                       FROM room_after_keyed)
-                FOR UPDATE SKIP LOCKED) AS c) AS w
+                WHERE seq = ANY((SELECT seqs FROM fair_seqs)::bigint[])
+                UNION ALL
+                SELECT * FROM (
+                    SELECT id::text AS id, exchange, routing_key,
+                           convert_to(content::text, 'UTF8') AS content,
+                           options::text AS options, GREATEST(attempts, 0) AS attempts,
+                           EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
+                           NULL::text AS ordering_key, true AS fill
+                    FROM {table}
+                    WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $5
+                      AND seq <> ALL((SELECT seqs FROM fair_seqs)::bigint[])
+                    ORDER BY seq
+                    LIMIT (SELECT CASE WHEN r.n_bytes > 0 THEN GREATEST(r.n_rows - f.n, 0)
+                                       ELSE 0 END
+                           FROM room_after_keyed AS r, fair_seqs AS f)
+                    FOR UPDATE SKIP LOCKED) AS filled) AS c) AS w
     WHERE w.before < (SELECT n_bytes FROM room_after_keyed)),
 room_after_unkeyed AS (
     SELECT (SELECT n_rows FROM room_after_keyed) - count(*) AS n_rows,
