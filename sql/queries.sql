@@ -147,11 +147,11 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- * keyed: the head runs of up to $2 keys, by {claim_keyed_fn} (per-key order, docs/ordering.md;
 --   $3: skip keys that have a dead letter; sql/migrations/0009_keyed_claim_by_due_heads.sql);
 -- * unkeyed, fair between transactions (sql/migrations/0011_fair_claims.sql): first a share of
---   due rows from each of up to 32 transactions (the one of the oldest due row, then the next
---   ones by transaction id, one index probe each), at most half the room, each share found
---   among the transaction's first 64 rows (from the floor up: a delayed or locked bulk costs
---   one short look, not a walk); then the rest of the room in insertion order. A bulk transaction's backlog cannot hold back a one-row
---   transaction's row for more than one claim, and the oldest rows always go.
+--   due rows from each of the 32 newest transactions that have rows (one index probe each), at
+--   most half the room, each share found among the transaction's first 64 rows (from the floor
+--   up: a delayed or locked bulk costs one short look, not a walk); then the rest of the room
+--   in insertion order. Bulk transactions' backlogs cannot hold back a row that a transaction
+--   just committed, and the oldest rows always go.
 --   Both parts take rows from seq $5 up (deleted rows a pinned xmin horizon keeps in the index
 --   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
@@ -174,18 +174,18 @@ room_after_keyed AS (
            $4 - COALESCE(sum(COALESCE(octet_length(content), 0)
                              + COALESCE(octet_length(options), 0)), 0) AS n_bytes
     FROM keyed_first),
--- The transactions of the fair round: the oldest due row's, then the next ones by id.
+-- The transactions of the fair round: the newest ones that have unkeyed rows, one index probe
+-- each (the oldest rows are the fill's, below).
 xacts AS (
     (SELECT h.xact, 1 AS n
      FROM {table} AS h, room_after_keyed AS r
-     WHERE h.available_at <= now() AND h.ordering_key IS NULL AND h.seq >= $5
-       AND r.n_rows > 1 AND r.n_bytes > 0
-     ORDER BY h.seq
+     WHERE h.ordering_key IS NULL AND h.seq >= $5 AND r.n_rows > 1 AND r.n_bytes > 0
+     ORDER BY h.xact DESC
      LIMIT 1)
     UNION ALL
     SELECT (SELECT t.xact FROM {table} AS t
-            WHERE t.ordering_key IS NULL AND t.xact > x.xact AND t.seq >= $5
-            ORDER BY t.xact
+            WHERE t.ordering_key IS NULL AND t.xact < x.xact AND t.seq >= $5
+            ORDER BY t.xact DESC
             LIMIT 1), x.n + 1
     FROM xacts AS x
     WHERE x.xact IS NOT NULL
