@@ -1,7 +1,8 @@
 """Property: under any mix of transaction sizes, keys and delayed rows, the claim statement
 (query `claim`, run as a relay runs it: batches in turn, keyed first every other one) claims
-every due row exactly once and no row that is not due (nor a keyed row behind one), keeps each key's order, starves no
-row, and gives every one of the newest transactions a row in each unkeyed-first claim.
+every due row exactly once and no row that is not due (nor a keyed row behind one), keeps
+each key's order, starves no row, and gives every one of the newest transactions a row in
+each unkeyed-first claim.
 
 Real PostgreSQL, the test's own migrated database; each example starts from an empty table.
 """
