@@ -35,7 +35,8 @@ BODY = (
 
 
 async def produce(dsn: str, exchange: str, rate: float, connections: int,
-                  seconds: float) -> tuple[list[tuple[str, float]], float]:
+                  seconds: float, *, routing_key: str = ROUTING_KEY,
+                  ) -> tuple[list[tuple[str, float]], float]:
     """Commit at `rate` per second over `connections` for `seconds`; (id, commit time) pairs."""
     conns = [await asyncpg.connect(dsn) for _ in range(connections)]
     out: list[tuple[str, float]] = []
@@ -50,7 +51,7 @@ async def produce(dsn: str, exchange: str, rate: float, connections: int,
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            row_id = await conn.fetchval(INSERT, exchange, ROUTING_KEY, BODY)
+            row_id = await conn.fetchval(INSERT, exchange, routing_key, BODY)
             out.append((row_id, time.monotonic()))
             due += rnd.expovariate(per_conn)
 
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--routing-key", default=ROUTING_KEY)
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover
         runner = asyncio.run
     rows, elapsed = runner(produce(args.dsn, args.exchange, args.rate, args.connections,
-                                   args.seconds))
+                                   args.seconds, routing_key=args.routing_key))
     args.out.write_text("".join(f"{i} {t!r}\n" for i, t in rows))
     print(json.dumps({"commits": len(rows), "achieved_per_s": round(len(rows) / elapsed, 1)}))
     return 0

@@ -193,17 +193,20 @@ xacts AS (
 fair AS (
     SELECT c.seq
     FROM room_after_keyed AS r, xacts AS x,
-         LATERAL (SELECT t.seq
-                  FROM (SELECT v.seq FROM {table} AS v
-                        -- The floor as a row comparison: only the (xact, seq) index
-                        -- can serve it, so no plan walks the seq index for one transaction.
-                        WHERE v.xact = x.xact AND v.ordering_key IS NULL
-                          AND (v.xact, v.seq) >= (x.xact, $5::bigint)
-                        ORDER BY v.xact, v.seq
-                        LIMIT 64) AS v
-                  JOIN {table} AS t ON t.seq = v.seq
-                  WHERE t.available_at <= now()
-                  ORDER BY v.seq
+         LATERAL (SELECT t.seq FROM {table} AS t
+                  -- The transaction's first rows from the floor up, then those rows by
+                  -- seq: an array, so each is one look-up, never a join over the table.
+                  -- The range of (xact, seq) instead of xact = x.xact: only the (xact, seq)
+                  -- index gives this order, so no plan walks the seq index (a bulk's rows)
+                  -- to find one transaction's row.
+                  WHERE t.seq = ANY(ARRAY(
+                            SELECT v.seq FROM {table} AS v
+                            WHERE (v.xact, v.seq) >= (x.xact, $5::bigint)
+                              AND v.xact <= x.xact AND v.ordering_key IS NULL
+                            ORDER BY v.xact, v.seq
+                            LIMIT 64))
+                    AND t.available_at <= now()
+                  ORDER BY t.seq
                   LIMIT GREATEST(r.n_rows / 64, 1)
                   FOR UPDATE OF t SKIP LOCKED) AS c
     WHERE x.xact IS NOT NULL),
