@@ -146,12 +146,11 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- relay holds are skipped, not waited for), at most $1 rows and about $4 bytes in all:
 -- * keyed: the head runs of up to $2 keys, by {claim_keyed_fn} (per-key order, docs/ordering.md;
 --   $3: skip keys that have a dead letter; sql/migrations/0009_keyed_claim_by_due_heads.sql);
--- * unkeyed, fair between transactions (sql/migrations/0011_fair_claims.sql): first a share of
---   due rows from each of the 32 newest transactions that have rows (one index probe each), at
---   most half the room, each share found among the transaction's first 64 rows (from the floor
---   up: a delayed or locked bulk costs one short look, not a walk); then the rest of the room
---   in insertion order. Bulk transactions' backlogs cannot hold back a row that a transaction
---   just committed, and the oldest rows always go.
+-- * unkeyed, fair between transactions: first a share of due rows from each of the 32 newest
+--   transactions that have rows, at most half the room, by {claim_fair_fn}
+--   (sql/migrations/0011_fair_claims.sql); then the rest of the room in insertion order.
+--   Bulk transactions' backlogs cannot hold back a row that a transaction just committed,
+--   and the oldest rows always go.
 --   Both parts take rows from seq $5 up (deleted rows a pinned xmin horizon keeps in the index
 --   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
@@ -162,7 +161,7 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- transaction ends. Content comes as UTF-8 bytes: the message body as it is, never a str.
 -- $6 goes through a materialized CTE, so that the plan is the same whatever its value: the
 -- server then keeps one generic plan instead of planning every claim again.
-WITH RECURSIVE turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
+WITH turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
 keyed_first AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
            f.seq, f.ordering_key
@@ -174,42 +173,10 @@ room_after_keyed AS (
            $4 - COALESCE(sum(COALESCE(octet_length(content), 0)
                              + COALESCE(octet_length(options), 0)), 0) AS n_bytes
     FROM keyed_first),
--- The transactions of the fair round: the newest ones that have unkeyed rows, one index probe
--- each (the oldest rows are the fill's, below).
-xacts AS (
-    (SELECT h.xact, 1 AS n
-     FROM {table} AS h, room_after_keyed AS r
-     WHERE h.ordering_key IS NULL AND h.seq >= $5 AND r.n_rows > 1 AND r.n_bytes > 0
-     ORDER BY h.xact DESC
-     LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.xact FROM {table} AS t
-            WHERE t.ordering_key IS NULL AND t.xact < x.xact AND t.seq >= $5
-            ORDER BY t.xact DESC
-            LIMIT 1), x.n + 1
-    FROM xacts AS x
-    WHERE x.xact IS NOT NULL
-      AND x.n < LEAST(32, (SELECT n_rows FROM room_after_keyed) / 2)),
 fair AS (
-    SELECT c.seq
-    FROM room_after_keyed AS r, xacts AS x,
-         LATERAL (SELECT t.seq FROM {table} AS t
-                  -- The transaction's first rows from the floor up, then those rows by
-                  -- seq: an array, so each is one look-up, never a join over the table.
-                  -- The range of (xact, seq) instead of xact = x.xact: only the (xact, seq)
-                  -- index gives this order, so no plan walks the seq index (a bulk's rows)
-                  -- to find one transaction's row.
-                  WHERE t.seq = ANY(ARRAY(
-                            SELECT v.seq FROM {table} AS v
-                            WHERE (v.xact, v.seq) >= (x.xact, $5::bigint)
-                              AND v.xact <= x.xact AND v.ordering_key IS NULL
-                            ORDER BY v.xact, v.seq
-                            LIMIT 64))
-                    AND t.available_at <= now()
-                  ORDER BY t.seq
-                  LIMIT GREATEST(r.n_rows / 64, 1)
-                  FOR UPDATE OF t SKIP LOCKED) AS c
-    WHERE x.xact IS NOT NULL),
+    SELECT f AS seq
+    FROM room_after_keyed AS r,
+         {claim_fair_fn}(CASE WHEN r.n_bytes > 0 THEN r.n_rows::integer END, $5::bigint) AS f),
 fair_seqs AS (
     SELECT COALESCE(array_agg(seq), '{}'::bigint[]) AS seqs, count(*) AS n FROM fair),
 unkeyed AS (

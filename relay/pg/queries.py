@@ -60,6 +60,7 @@ class TableNames:
             "notify_fn": self._q("_notify_stmt"),
             "notify_trigger": quote_ident(self.name + "_notify"),
             "claim_keyed_fn": self._q("_claim_keyed"),
+            "claim_fair_fn": self._q("_claim_fair"),
             "replay_fn": self._q("_replay"),
             "replay_fn_literal": "'" + self._q("_replay").replace("'", "''") + "'",
             "dead_letter_fn": self._q("_park"),
