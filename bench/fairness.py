@@ -154,6 +154,9 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
             proc.stop()
         await amqp.close()
     during = [(received[k] - t) * 1000 for k, t in committed.items() if t <= end]
+    # Each live row's commit time (from the bulk's commit) and latency, for reading the tail.
+    (log_dir / "live-latencies.txt").write_text("".join(
+        f"{t - start:.6f} {(received[k] - t) * 1000:.3f}\n" for k, t in committed.items()))
     received.clear()
     await purge_queue(env)
     return {

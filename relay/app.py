@@ -23,6 +23,7 @@ from relay.deadlines import Deadlines
 from relay.dsn import redact
 from relay.errors import BrokerRefusedAtStart, ConfigError, DatabaseUnavailable
 from relay.lifecycle import Services
+from relay.loop.express import ExpressLane
 from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
 from relay.loop.sleep import AdaptivePoll, Doorbell
@@ -119,6 +120,24 @@ async def _open_servers(
     return outbox, publisher
 
 
+async def _open_express(settings: Settings, supervisors: Supervisors, outbox: Outbox,
+                        publisher: Pipeline) -> tuple[ExpressLane, Pipeline] | None:
+    """The express lane (relay/loop/express.py) with its own broker connection, opened; None
+    when it is off, or in single-active mode (strict seq order). On failure, closes the
+    servers `_open_servers` opened."""
+    if not settings.express_lane or settings.mode is RelayMode.SINGLE_ACTIVE:
+        return None
+    express = make_publisher(settings, supervisors.add(
+        "broker-express", describe=redact(settings.amqp_url), bounded=True))
+    try:
+        await express.connect()
+    except BaseException:
+        await publisher.close()
+        await outbox.close()
+        raise
+    return ExpressLane(outbox.express(), express, settings.express_poll_interval_s), express
+
+
 async def run(settings: Settings) -> None:
     """Run the relay until SIGTERM/SIGINT; raises RelayError subclasses when start-up fails
     (`GaveUp` when a server stayed away past RELAY_STARTUP_TIMEOUT_S)."""
@@ -138,11 +157,12 @@ async def run(settings: Settings) -> None:
         tracing = tracing_from_environment(os.environ, table=settings.table)
         try:
             outbox, publisher = await _open_servers(settings, supervisors)
+            express = await _open_express(settings, supervisors, outbox, publisher)
         except Stopping:
             log.info("relay_stopped", published=0)
             return
         await _serve(settings, supervisors, outbox, publisher, stop_requested,
-                     tracing=tracing)
+                     tracing=tracing, express=express)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -150,13 +170,16 @@ async def run(settings: Settings) -> None:
 
 async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
                  publisher: Pipeline, stop_requested: asyncio.Event, *,
-                 tracing: Tracing) -> None:
+                 tracing: Tracing, express: tuple[ExpressLane, Pipeline] | None = None,
+                 ) -> None:
     """Run the worker and the services around it over open servers until a stop is
     requested; then stop the worker gracefully and every service (relay/lifecycle.py)."""
     services = Services()
     services.hold(tracing)  # closed last: the final batches' spans still leave
     services.hold(outbox)
     services.hold(publisher)
+    if express is not None:
+        services.hold(express[1])
     metrics = RelayMetrics() if settings.http_port else None
     doorbell = Doorbell()
     gate = services.hold(LockGate(
@@ -172,7 +195,7 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
     ))
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, gate=gate,
                     doorbell=doorbell, db_supervisor=supervisors.get("database"),
-                    tracing=tracing)
+                    tracing=tracing, express=express[0] if express is not None else None)
     listener = services.start(Listener(
         lambda: connect(settings, "listener"),
         settings.notify_channel,

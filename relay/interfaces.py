@@ -166,6 +166,14 @@ class Store(Protocol):
         """Seconds until the earliest delayed row is due; None when there is none."""
 
 
+class ExpressStore(Store, Protocol):
+    """The store as the express lane needs it (relay/loop/express.py): its claims take the
+    fair round alone."""
+
+    async def newest_transaction(self) -> int | None:
+        """The newest transaction that has unkeyed rows in the outbox (None: none)."""
+
+
 class Publisher(Protocol):
     """What the worker needs from the broker."""
 

@@ -146,6 +146,18 @@ class Settings(BaseSettings):
         description="Trigger mode installed by migrate: conditional (notify only while a "
         "relay sleeps), always, off (polling). Running relays follow the installed mode.",
     )
+    express_lane: bool = Field(
+        default=True,
+        description="While a backlog drains, publish the rows that newer transactions commit "
+        "at once, over a broker connection of its own, instead of behind the drain's batches "
+        "(docs/fairness.md). Off: they go with the drain's next batches.",
+    )
+    express_poll_interval_s: Seconds = Field(
+        default=0.002,
+        validation_alias=_env("EXPRESS_POLL_INTERVAL"),
+        description="Seconds between the express lane's looks for a newly committed "
+        "transaction while a backlog drains (one index entry of the outbox each).",
+    )
     poll_min_interval_s: Seconds = Field(
         default=0.05,
         validation_alias=_env("POLL_MIN_INTERVAL"),

@@ -229,6 +229,32 @@ SELECT * FROM unkeyed
 UNION ALL
 SELECT * FROM keyed_after
 
+-- name: claim_express
+-- The express lane (relay/loop/express.py): the fair round of `claim` alone, for rows that
+-- newer transactions committed while a backlog drains: a share from each of the newest
+-- transactions, at most $1 rows, about $2 bytes (the first row always goes), from seq $3 up.
+SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
+       w.seq, w.ordering_key
+FROM (SELECT c.*,
+             sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
+                 OVER (ORDER BY c.seq)
+                 - COALESCE(octet_length(c.content), 0) - COALESCE(octet_length(c.options), 0)
+                 AS before
+      FROM (SELECT id::text AS id, exchange, routing_key,
+                   convert_to(content::text, 'UTF8') AS content, options::text AS options,
+                   GREATEST(attempts, 0) AS attempts,
+                   EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
+                   NULL::text AS ordering_key
+            FROM {table}
+            WHERE seq = ANY(ARRAY(SELECT f FROM {claim_fair_fn}($1::integer, $3::bigint) AS f))
+           ) AS c) AS w
+WHERE w.before < $2
+
+-- name: newest_transaction
+-- The express lane's look between claims: the newest transaction that has unkeyed rows (one
+-- entry of the (xact, seq) index, from its end), as text: a new one means rows to claim.
+SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL
+
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed
 -- or not, except keyed rows behind an earlier row of their key that is not due (retrying or

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from relay.errors import DatabaseError
-from relay.interfaces import BatchObserver, Kind, NoMetrics, Publisher, Store
+from relay.interfaces import BatchObserver, ExpressStore, Kind, NoMetrics, Publisher, Store
 from relay.loop.batch import BatchPlan, run_batch
+from relay.loop.express import EXPRESS_ROWS, ExpressLane
 from relay.loop.retry import RetryPolicy
 from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate, in_flow
 from relay.supervise import Backoff, Supervisor
@@ -52,8 +53,10 @@ class Worker:
         doorbell: Doorbell | None = None,
         db_supervisor: Supervisor | None = None,
         tracing: Tracing | None = None,
+        express: ExpressLane | None = None,
     ) -> None:
         self.store = store
+        self.express = express
         self.publisher = publisher
         self.config = config
         self.metrics: BatchObserver = metrics or NoMetrics()
@@ -190,8 +193,17 @@ class Worker:
         # is raised once they have.
         failed = asyncio.Event()
         lanes = [asyncio.ensure_future(self._lane(failed)) for _ in range(self.config.concurrency)]
+        # Beside the lanes, for as long as they run: rows that newer transactions commit
+        # meanwhile go at once (relay/loop/express.py).
+        drained = asyncio.Event()
+        if self.express is not None:
+            lanes.append(asyncio.ensure_future(self._express(self.express, drained)))
         try:
-            outcomes = await asyncio.gather(*lanes, return_exceptions=True)
+            outcomes = await asyncio.gather(*lanes[:self.config.concurrency],
+                                            return_exceptions=True)
+            drained.set()
+            outcomes += await asyncio.gather(*lanes[self.config.concurrency:],
+                                             return_exceptions=True)
         except asyncio.CancelledError:
             for lane in lanes:
                 lane.cancel()
@@ -200,6 +212,12 @@ class Worker:
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
+
+    async def _express(self, lane: ExpressLane, drained: asyncio.Event) -> None:
+        async def batch(store: ExpressStore, publisher: Publisher) -> int:
+            return await self.run_batch(store, publisher)
+
+        await lane.run_until(drained, batch)
 
     async def _lane(self, failed: asyncio.Event) -> None:
         try:
@@ -252,20 +270,26 @@ class Worker:
                 task.cancel()
             await asyncio.gather(ready, stop, return_exceptions=True)
 
-    async def run_batch(self) -> int:
-        """Run one batch (relay/loop/batch.py); return the number of rows claimed."""
+    async def run_batch(self, store: Store | None = None,
+                        publisher: Publisher | None = None) -> int:
+        """Run one batch (relay/loop/batch.py); return the number of rows claimed. A store
+        and publisher given: the express lane's batch, of its own size."""
         cfg = self.config
-        plan = BatchPlan(cfg.batch_size, cfg.publish_budget_s, cfg.retry,
-                         cfg.ordering_block_on_dead)
-        report = await run_batch(self.store, self.publisher, plan, self._trace)
+        express = store is not None
+        plan = BatchPlan(min(EXPRESS_ROWS, cfg.batch_size) if express else cfg.batch_size,
+                         cfg.publish_budget_s, cfg.retry, cfg.ordering_block_on_dead)
+        report = await run_batch(store or self.store, publisher or self.publisher, plan,
+                                 self._trace)
         # A batch that reached its commit is proof the database works: under a steady backlog
         # a drain may never return, and the recovery must not wait for one that does.
         self.db_supervisor.ok()
         rows = report.rows
         self.claimed_total += len(rows)
-        self._last_full_by_bytes = report.full_by_bytes
+        if not express:
+            self._last_full_by_bytes = report.full_by_bytes
         if not rows:
-            self._last_had_keys = False
+            if not express:
+                self._last_had_keys = False
             return 0
         published = sum(1 for v in report.verdicts if v.kind is Kind.PUBLISHED)
         self.published_total += published
@@ -277,5 +301,6 @@ class Worker:
         log.debug("batch_settled", claimed=len(rows), published=published, held=report.held,
                   elapsed_ms=round(report.batch_s * 1000, 1))
         # Read by _lane right after this returns (no await in between, so lanes cannot mix).
-        self._last_had_keys = any(r.ordering_key is not None for r in rows)
+        if not express:
+            self._last_had_keys = any(r.ordering_key is not None for r in rows)
         return len(rows)

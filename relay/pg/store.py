@@ -8,7 +8,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -113,7 +113,7 @@ def _uuid_array_literal(ids: Sequence[str]) -> str:
 
 async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                         keyed_first: bool = True, *, floor: SeqFloor | None = None,
-                        ) -> tuple[list[OutboxRow], bool]:
+                        express: bool = False) -> tuple[list[OutboxRow], bool]:
     """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
     unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py), in one statement;
     return them in seq order, and whether the byte budget ended the claim.
@@ -121,8 +121,14 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     The first kind claimed may fill the batch and the other gets the rest; callers alternate
     `keyed_first`, so that a deep backlog of one kind cannot starve the other while a table
     holding one kind only still gets full batches.
+
+    `express`: the fair round alone (the express lane, relay/loop/express.py); it reads the
+    floor but never moves it, since its rows are the newest, not the lowest.
     """
-    if opts.fence:
+    if express:
+        start = floor.start() if floor is not None else SWEEP
+        records = list(await conn.fetch(q["claim_express"], limit, opts.max_bytes, start))
+    elif opts.fence:
         # single-active: one claimer at a time, so plain seq order keeps every key's order.
         await conn.execute(q["single_active_fence"])
         records = list(await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead,
@@ -170,7 +176,8 @@ class Outbox:
     @classmethod
     async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
         """Open the pool (fails fast with DatabaseError) and check the table is migrated."""
-        n = size or settings.concurrency + 1
+        # A connection per lane, one for the express lane, one for the rest (status, due times).
+        n = size or settings.concurrency + (2 if settings.express_lane else 1)
         try:
             # init: a pooled connection that lands on a standby is closed, never used to claim.
             user_timeout_ms = Deadlines.from_settings(settings).idle_in_transaction_ms
@@ -218,9 +225,22 @@ class Outbox:
         """Close every connection at once (hard stop); open transactions roll back."""
         self._pool.terminate()
 
+    def express(self) -> ExpressOutbox:
+        """This outbox as the express lane claims it (relay/loop/express.py)."""
+        return ExpressOutbox(self)
+
+    async def newest_transaction(self) -> int | None:
+        """The newest transaction that has unkeyed rows in the outbox (None: none)."""
+        try:
+            value = await self._pool.fetchval(self.q["newest_transaction"])
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"reading the newest transaction failed: {exc}") from exc
+        return None if value is None else int(value)
+
     @asynccontextmanager
-    async def claim(self, limit: int) -> AsyncIterator[_Claim]:
-        """Lock up to `limit` due rows in a transaction; it rolls back unless committed."""
+    async def claim(self, limit: int, *, express: bool = False) -> AsyncIterator[_Claim]:
+        """Lock up to `limit` due rows in a transaction; it rolls back unless committed.
+        `express`: the fair round alone (the express lane)."""
         try:
             conn = await self._pool.acquire()
         except DB_ERRORS as exc:
@@ -228,10 +248,11 @@ class Outbox:
         try:
             try:
                 await conn.execute("BEGIN")
-                self._claims += 1
+                if not express:
+                    self._claims += 1
                 records, full_by_bytes = await claim_records(
                     conn, self.q, self.claim_options, limit, self._claims % 2 == 0,
-                    floor=self.floor)
+                    floor=self.floor, express=express)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
@@ -284,3 +305,23 @@ class Outbox:
             return int(await self._pool.fetchval(self.q["relay_sessions"]))
         except DB_ERRORS as exc:
             raise DatabaseError(f"reading relay sessions failed: {exc}") from exc
+
+
+class ExpressOutbox:
+    """The outbox as the express lane sees it: claims of the fair round alone, on the same
+    pool, and the look at the newest transaction between them."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+
+    def claim(self, limit: int) -> AbstractAsyncContextManager[_Claim]:
+        """The fair round's rows of the newest transactions, locked in a transaction."""
+        return self._outbox.claim(limit, express=True)
+
+    async def seconds_until_next_due(self) -> float | None:
+        """As the outbox's."""
+        return await self._outbox.seconds_until_next_due()
+
+    async def newest_transaction(self) -> int | None:
+        """As the outbox's."""
+        return await self._outbox.newest_transaction()

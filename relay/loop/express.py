@@ -1,0 +1,73 @@
+"""The express lane: while a backlog drains, rows that newer transactions commit go at once.
+
+The drain's lanes claim full batches, and each batch's fair round gives every one of the newest
+transactions a share (docs/fairness.md); still, a row committed meanwhile waits for a lane to
+finish its batch and then travels behind that batch's hundreds of messages on the shared
+channel: tens of milliseconds. The express lane runs beside the lanes, only while they run. It
+looks at the newest transaction every `poll_s` (one index entry), and when a newer one has
+committed it claims the fair round alone, in small batches, until a claim comes back empty,
+publishing over a broker connection of its own where no bulk batch is in flight.
+
+Its rows are claimed FOR UPDATE SKIP LOCKED like every other claim, so the lane and the drain's
+lanes never take the same row; what the lane misses (a transaction that is not among the newest)
+the drain's batches take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from relay.errors import DatabaseError
+from relay.interfaces import ExpressStore, Publisher
+
+log = structlog.get_logger("relay.loop.express")
+
+# Rows of one express claim: LEAST(32, rows / 2) transactions, one row each (the fair round's
+# share of a claim this size), so a burst of one-row transactions goes in one batch.
+EXPRESS_ROWS = 64
+# After a failure (the database or the broker away), the lane waits this long before it looks
+# again; the drain's lanes carry on meanwhile, or stop, and the drain's end stops the lane.
+FAILURE_PAUSE_S = 1.0
+
+BatchRunner = Callable[[ExpressStore, Publisher], Awaitable[int]]
+
+
+@dataclass
+class ExpressLane:
+    """The store and publisher of the express lane, and how often it looks."""
+
+    store: ExpressStore
+    publisher: Publisher
+    poll_s: float = 0.002
+
+    async def run_until(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
+        """Look and claim until `done` is set; a batch in flight then finishes first.
+        `run_batch(store, publisher)` runs one batch and returns the rows it claimed."""
+        seen: int | None = None
+        while not done.is_set():
+            if not self.publisher.ready:
+                await _pause(done, FAILURE_PAUSE_S / 20)
+                continue
+            try:
+                newest = await self.store.newest_transaction()
+                if newest is None or (seen is not None and newest <= seen):
+                    await _pause(done, self.poll_s)
+                    continue
+                seen = newest
+                while not done.is_set() and await run_batch(self.store, self.publisher) > 0:
+                    pass
+            except DatabaseError as exc:
+                # The drain's own lanes report the outage (the database supervisor).
+                log.info("express_lane_paused", error=str(exc))
+                await _pause(done, FAILURE_PAUSE_S)
+
+
+async def _pause(done: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or less if `done` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done.wait(), timeout=seconds)
