@@ -115,9 +115,10 @@ class Live:
 
 
 async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
-                   relays: int, log_dir: Path) -> dict[str, Any]:
+                   relays: int, log_dir: Path, settings: dict[str, str]) -> dict[str, Any]:
     """The bulk alone, then beside live rows, with the same running relays."""
-    procs = [Relay(env.relay_env(), log_dir / f"relay-{i}.log") for i in range(relays)]
+    procs = [Relay(env.relay_env(**settings), log_dir / f"relay-{i}.log")
+             for i in range(relays)]
     received: dict[str, float] = {}
 
     async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
@@ -173,8 +174,8 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
     }
 
 
-async def measure(rows: int, live_rate: int, relays: int, runs: int,
-                  quiet_below: float) -> list[dict[str, Any]]:
+async def measure(rows: int, live_rate: int, relays: int, runs: int, quiet_below: float,
+                  settings: dict[str, str]) -> list[dict[str, Any]]:
     """`runs` runs of the scenario, one record each."""
     async with one_off_env("fairness") as (env, records):
         live_queue = await _bind_live_queue(env)
@@ -183,8 +184,9 @@ async def measure(rows: int, live_rate: int, relays: int, runs: int,
                 await wait_quiet(quiet_below)
                 log_dir = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
                 result = await run_once(env, live_queue, rows, live_rate=live_rate, relays=relays,
-                                        log_dir=log_dir)
-                records.add({"run": i + 1, **result, "logs": str(log_dir)})
+                                        log_dir=log_dir, settings=settings)
+                records.add({"run": i + 1, **result, "settings": settings,
+                             "logs": str(log_dir)})
         finally:
             await _drop_queue(live_queue)
     return records
@@ -202,18 +204,22 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
             "consumes during the run; live rows one per transaction, Poisson arrivals, to "
             "another durable queue consumed by the benchmark; latency: producer's commit "
             "returned -> consumer received, for live rows committed before the bulk drained"),
-        "| run | relays | bulk rows | alone msg/s | beside live msg/s | drain ratio | live rows "
+        "| run | relay settings | relays | bulk rows | alone msg/s | beside live msg/s | drain ratio | live rows "
         "| live p50 ms | p95 | p99 | max | load before (alone / beside) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
-            f"| {r['run']} | {r['relays']} | {r['bulk_rows']:,} | {r['alone_msg_per_s']:,.0f} "
+            f"| {r['run']} | {_settings(r['settings'])} | {r['relays']} | {r['bulk_rows']:,} | {r['alone_msg_per_s']:,.0f} "
             f"| {r['beside_live_msg_per_s']:,.0f} | {r['drain_ratio']} "
             f"| {r['live_rows_during_drain']} | {r['live_p50_ms']} | {r['live_p95_ms']} "
             f"| {r['live_p99_ms']} | {r['live_max_ms']} | {r['load_before_alone'][0]} / "
             f"{r['load_before_beside'][0]} |")
     return "\n".join(lines) + "\n"
+
+
+def _settings(settings: dict[str, str]) -> str:
+    return ", ".join(f"RELAY_{k.upper()}={v}" for k, v in settings.items()) or "defaults"
 
 
 def main() -> None:
@@ -222,9 +228,12 @@ def main() -> None:
         "--rows": {"type": int, "default": 300_000},
         "--live-rate": {"type": int, "default": 200},
         "--relays": {"type": int, "default": 1},
+        "--relay-setting": {"action": "append", "default": [],
+                            "help": "NAME=VALUE for the relays, e.g. EXPRESS_LANE=false"},
     })
-    records = run_on_private_server(
-        lambda: measure(args.rows, args.live_rate, args.relays, args.runs, args.quiet_below))
+    settings = {k.lower(): v for k, v in (kv.split("=", 1) for kv in args.relay_setting)}
+    records = run_on_private_server(lambda: measure(
+        args.rows, args.live_rate, args.relays, args.runs, args.quiet_below, settings))
     run.write(args.out, report(records, run))
     print(json.dumps(records[-1]))
 

@@ -168,7 +168,9 @@ class Store(Protocol):
 
 class ExpressStore(Store, Protocol):
     """The store as the express lane needs it (relay/loop/express.py): its claims take the
-    fair round alone."""
+    fair round alone, of the transactions newer than `after` (None: all)."""
+
+    after: int | None
 
     async def newest_transaction(self) -> int | None:
         """The newest transaction that has unkeyed rows in the outbox (None: none)."""

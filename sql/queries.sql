@@ -232,7 +232,8 @@ SELECT * FROM keyed_after
 -- name: claim_express
 -- The express lane (relay/loop/express.py): the fair round of `claim` alone, for rows that
 -- newer transactions committed while a backlog drains: a share from each of the newest
--- transactions, at most $1 rows, about $2 bytes (the first row always goes), from seq $3 up.
+-- transactions newer than $4 (the newest when the drain began), at most $1 rows, about $2
+-- bytes (the first row always goes), from seq $3 up.
 SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
        w.seq, w.ordering_key
 FROM (SELECT c.*,
@@ -246,7 +247,8 @@ FROM (SELECT c.*,
                    EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
                    NULL::text AS ordering_key
             FROM {table}
-            WHERE seq = ANY(ARRAY(SELECT f FROM {claim_fair_fn}($1::integer, $3::bigint) AS f))
+            WHERE seq = ANY(ARRAY(SELECT f FROM {claim_fair_fn}($1::integer, $3::bigint,
+                                                               $4::text::xid8) AS f))
            ) AS c) AS w
 WHERE w.before < $2
 

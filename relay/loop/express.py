@@ -48,18 +48,25 @@ class ExpressLane:
     async def run_until(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         """Look and claim until `done` is set; a batch in flight then finishes first.
         `run_batch(store, publisher)` runs one batch and returns the rows it claimed."""
+        # Only what commits from now on: the drain's lanes take what is there already, and a
+        # bulk transaction's drained head is never walked here.
         seen: int | None = None
+        self.store.after = None
         while not done.is_set():
             if not self.publisher.ready:
                 await _pause(done, FAILURE_PAUSE_S / 20)
                 continue
             try:
                 newest = await self.store.newest_transaction()
-                if newest is None or (seen is not None and newest <= seen):
+                if seen is None:
+                    seen = self.store.after = newest if newest is not None else 0
+                if newest is None or newest <= seen:
                     await _pause(done, self.poll_s)
                     continue
                 seen = newest
-                while not done.is_set() and await run_batch(self.store, self.publisher) > 0:
+                # Again at once while a claim brings more than one transaction's row: a burst
+                # of commits may be more than one claim.
+                while not done.is_set() and await run_batch(self.store, self.publisher) > 1:
                     pass
             except DatabaseError as exc:
                 # The drain's own lanes report the outage (the database supervisor).

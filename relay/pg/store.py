@@ -113,7 +113,8 @@ def _uuid_array_literal(ids: Sequence[str]) -> str:
 
 async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                         keyed_first: bool = True, *, floor: SeqFloor | None = None,
-                        express: bool = False) -> tuple[list[OutboxRow], bool]:
+                        express: bool = False, after: int | None = None,
+                        ) -> tuple[list[OutboxRow], bool]:
     """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
     unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py), in one statement;
     return them in seq order, and whether the byte budget ended the claim.
@@ -122,12 +123,14 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     `keyed_first`, so that a deep backlog of one kind cannot starve the other while a table
     holding one kind only still gets full batches.
 
-    `express`: the fair round alone (the express lane, relay/loop/express.py); it reads the
-    floor but never moves it, since its rows are the newest, not the lowest.
+    `express`: the fair round alone (the express lane, relay/loop/express.py), of the
+    transactions newer than `after`; it reads the floor but never moves it, since its rows are
+    the newest, not the lowest.
     """
     if express:
         start = floor.start() if floor is not None else SWEEP
-        records = list(await conn.fetch(q["claim_express"], limit, opts.max_bytes, start))
+        records = list(await conn.fetch(q["claim_express"], limit, opts.max_bytes, start,
+                                        None if after is None else str(after)))
     elif opts.fence:
         # single-active: one claimer at a time, so plain seq order keeps every key's order.
         await conn.execute(q["single_active_fence"])
@@ -238,9 +241,11 @@ class Outbox:
         return None if value is None else int(value)
 
     @asynccontextmanager
-    async def claim(self, limit: int, *, express: bool = False) -> AsyncIterator[_Claim]:
+    async def claim(self, limit: int, *, express: bool = False,
+                    after: int | None = None) -> AsyncIterator[_Claim]:
         """Lock up to `limit` due rows in a transaction; it rolls back unless committed.
-        `express`: the fair round alone (the express lane)."""
+        `express`: the fair round alone, of transactions newer than `after` (the express
+        lane)."""
         try:
             conn = await self._pool.acquire()
         except DB_ERRORS as exc:
@@ -252,7 +257,7 @@ class Outbox:
                     self._claims += 1
                 records, full_by_bytes = await claim_records(
                     conn, self.q, self.claim_options, limit, self._claims % 2 == 0,
-                    floor=self.floor, express=express)
+                    floor=self.floor, express=express, after=after)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
@@ -308,15 +313,17 @@ class Outbox:
 
 
 class ExpressOutbox:
-    """The outbox as the express lane sees it: claims of the fair round alone, on the same
-    pool, and the look at the newest transaction between them."""
+    """The outbox as the express lane sees it: claims of the fair round alone, of the
+    transactions newer than `after`, on the same pool, and the look at the newest transaction
+    between them."""
 
     def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
+        self.after: int | None = None
 
     def claim(self, limit: int) -> AbstractAsyncContextManager[_Claim]:
         """The fair round's rows of the newest transactions, locked in a transaction."""
-        return self._outbox.claim(limit, express=True)
+        return self._outbox.claim(limit, express=True, after=self.after)
 
     async def seconds_until_next_due(self) -> float | None:
         """As the outbox's."""

@@ -1,6 +1,6 @@
-"""The express lane's loop (relay/loop/express.py), driven with fakes: it claims when a newer
-transaction appears and only then, drains what it finds, backs off on a database failure, and
-ends with the drain."""
+"""The express lane's loop (relay/loop/express.py), driven with fakes: it claims only when a
+transaction newer than the last it saw appears, and only transactions newer than the drain's
+start; drains what it finds, backs off on a database failure, and ends with the drain."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class _Store:
 
     def __init__(self) -> None:
         self.newest: int | None = None
+        self.after: int | None = None
         self.looks = 0
         self.fail = False
 
@@ -61,14 +62,17 @@ async def test_express__claims_only_when_a_newer_transaction_appears_and_drains_
     store, runner = _Store(), _Runner()
     store.newest, runner.pending = 10, 5
     done, task = await _lane(store, runner)
-    await wait_until(lambda: runner.pending == 0, timeout_s=5, what="the first rows claimed")
-    # 2 + 2 + 1, then an empty claim ends the burst.
-    await wait_until(lambda: runner.batches == 4, timeout_s=5, what="four batches")
+    await wait_until(lambda: store.looks > 20, timeout_s=5, what="looks")
+    assert (runner.batches, store.after) == (0, 10), "what was there at the start is left"
+    store.newest = 11
+    await wait_until(lambda: runner.pending == 0, timeout_s=5, what="the new rows claimed")
+    # 2 + 2 + 1: a claim of one row ends the burst.
     looks = store.looks
     await wait_until(lambda: store.looks > looks + 20, timeout_s=5, what="more looks")
-    assert runner.batches == 4, "no claim while the newest transaction stays the same"
-    store.newest, runner.pending = 11, 1
-    await wait_until(lambda: runner.pending == 0, timeout_s=5, what="the new row claimed")
+    assert runner.batches == 3, "no claim while the newest transaction stays the same"
+    store.newest, runner.pending = 12, 1
+    await wait_until(lambda: runner.batches == 4, timeout_s=5, what="the next claim")
+    assert store.after == 10
     done.set()
     await asyncio.wait_for(task, timeout=5)
 
