@@ -174,7 +174,7 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
     }
 
 
-async def measure(rows: int, live_rate: int, relays: int, runs: int, quiet_below: float,
+async def measure(rows: int, live_rate: int, *, relays: int, runs: int, quiet_below: float,
                   settings: dict[str, str]) -> list[dict[str, Any]]:
     """`runs` runs of the scenario, one record each."""
     async with one_off_env("fairness") as (env, records):
@@ -204,13 +204,15 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
             "consumes during the run; live rows one per transaction, Poisson arrivals, to "
             "another durable queue consumed by the benchmark; latency: producer's commit "
             "returned -> consumer received, for live rows committed before the bulk drained"),
-        "| run | relay settings | relays | bulk rows | alone msg/s | beside live msg/s | drain ratio | live rows "
-        "| live p50 ms | p95 | p99 | max | load before (alone / beside) |",
+        "| run | relay settings | relays | bulk rows | alone msg/s | beside live msg/s "
+        "| drain ratio | live rows | live p50 ms | p95 | p99 | max "
+        "| load before (alone / beside) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
-            f"| {r['run']} | {_settings(r['settings'])} | {r['relays']} | {r['bulk_rows']:,} | {r['alone_msg_per_s']:,.0f} "
+            f"| {r['run']} | {_settings(r['settings'])} | {r['relays']} | {r['bulk_rows']:,} "
+            f"| {r['alone_msg_per_s']:,.0f} "
             f"| {r['beside_live_msg_per_s']:,.0f} | {r['drain_ratio']} "
             f"| {r['live_rows_during_drain']} | {r['live_p50_ms']} | {r['live_p95_ms']} "
             f"| {r['live_p99_ms']} | {r['live_max_ms']} | {r['load_before_alone'][0]} / "
@@ -233,7 +235,8 @@ def main() -> None:
     })
     settings = {k.lower(): v for k, v in (kv.split("=", 1) for kv in args.relay_setting)}
     records = run_on_private_server(lambda: measure(
-        args.rows, args.live_rate, args.relays, args.runs, args.quiet_below, settings))
+        args.rows, args.live_rate, relays=args.relays, runs=args.runs,
+        quiet_below=args.quiet_below, settings=settings))
     run.write(args.out, report(records, run))
     print(json.dumps(records[-1]))
 
