@@ -151,6 +151,8 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 --   (sql/migrations/0011_fair_claims.sql); then the rest of the room in insertion order.
 --   Bulk transactions' backlogs cannot hold back a row that a transaction just committed,
 --   and the oldest rows always go.
+--   $7 (NULL: none): the fair round takes transactions up to this one only (the newer ones are
+--   the express lane's while it runs, relay/loop/express.py).
 --   Both parts take rows from seq $5 up (deleted rows a pinned xmin horizon keeps in the index
 --   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
@@ -176,7 +178,8 @@ room_after_keyed AS (
 fair AS (
     SELECT f AS seq
     FROM room_after_keyed AS r,
-         {claim_fair_fn}(CASE WHEN r.n_bytes > 0 THEN r.n_rows::integer END, $5::bigint) AS f),
+         {claim_fair_fn}(CASE WHEN r.n_bytes > 0 THEN r.n_rows::integer END, $5::bigint,
+                         NULL, $7::text::xid8) AS f),
 fair_seqs AS (
     SELECT COALESCE(array_agg(seq), '{}'::bigint[]) AS seqs, count(*) AS n FROM fair),
 unkeyed AS (

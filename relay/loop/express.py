@@ -48,16 +48,23 @@ class ExpressLane:
     async def run_until(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         """Look and claim until `done` is set; a batch in flight then finishes first.
         `run_batch(store, publisher)` runs one batch and returns the rows it claimed."""
-        # Only what commits from now on: the drain's lanes take what is there already, and a
-        # bulk transaction's drained head is never walked here.
+        try:
+            await self._run(done, run_batch)
+        finally:
+            self.store.after = None
+
+    async def _run(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         seen: int | None = None
-        self.store.after = None
         while not done.is_set():
             if not self.publisher.ready:
+                # The drain's own claims take every transaction meanwhile.
+                self.store.after, seen = None, None
                 await _pause(done, FAILURE_PAUSE_S / 20)
                 continue
             try:
                 newest = await self.store.newest_transaction()
+                # Only what commits from now on: the drain's lanes take what is there
+                # already, and a bulk transaction's drained head is never walked here.
                 if seen is None:
                     seen = self.store.after = newest if newest is not None else 0
                 if newest is None or newest <= seen:
@@ -71,6 +78,7 @@ class ExpressLane:
             except DatabaseError as exc:
                 # The drain's own lanes report the outage (the database supervisor).
                 log.info("express_lane_paused", error=str(exc))
+                self.store.after, seen = None, None
                 await _pause(done, FAILURE_PAUSE_S)
 
 

@@ -114,7 +114,7 @@ def _uuid_array_literal(ids: Sequence[str]) -> str:
 async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                         keyed_first: bool = True, *, floor: SeqFloor | None = None,
                         express: bool = False, after: int | None = None,
-                        ) -> tuple[list[OutboxRow], bool]:
+                        upto: int | None = None) -> tuple[list[OutboxRow], bool]:
     """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
     unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py), in one statement;
     return them in seq order, and whether the byte budget ended the claim.
@@ -125,7 +125,8 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
 
     `express`: the fair round alone (the express lane, relay/loop/express.py), of the
     transactions newer than `after`; it reads the floor but never moves it, since its rows are
-    the newest, not the lowest.
+    the newest, not the lowest. `upto`: the fair round of any other claim takes transactions
+    up to this one only (the newer ones are the express lane's while it runs).
     """
     if express:
         start = floor.start() if floor is not None else SWEEP
@@ -140,7 +141,8 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
         start = floor.start() if floor is not None else SWEEP
         started = time.monotonic()
         records = list(await conn.fetch(q["claim"], limit, opts.keys_per_batch,
-                                        opts.block_on_dead, opts.max_bytes, start, keyed_first))
+                                        opts.block_on_dead, opts.max_bytes, start, keyed_first,
+                                        None if upto is None else str(upto)))
         if floor is not None:
             unkeyed = [r["seq"] for r in records if r["ordering_key"] is None]
             floor.claimed(start, min(unkeyed) if unkeyed else None, time.monotonic() - started)
@@ -175,6 +177,9 @@ class Outbox:
         self._claims = 0
         # Where unkeyed claims start: above what this process already moved (seqfloor.py).
         self.floor = SeqFloor()
+        # While the express lane runs: the newest transaction of the drain's start; the fair
+        # round of the drain's own claims stops there (ExpressOutbox.after).
+        self.fair_upto: int | None = None
 
     @classmethod
     async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
@@ -257,7 +262,7 @@ class Outbox:
                     self._claims += 1
                 records, full_by_bytes = await claim_records(
                     conn, self.q, self.claim_options, limit, self._claims % 2 == 0,
-                    floor=self.floor, express=express, after=after)
+                    floor=self.floor, express=express, after=after, upto=self.fair_upto)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:
@@ -319,7 +324,20 @@ class ExpressOutbox:
 
     def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
-        self.after: int | None = None
+        self._after: int | None = None
+
+    @property
+    def after(self) -> int | None:
+        """The lane claims transactions newer than this one (None: the lane is idle)."""
+        return self._after
+
+    @after.setter
+    def after(self, value: int | None) -> None:
+        # What the lane takes, the drain's own claims leave: a row committed meanwhile goes
+        # with the lane's next small batch, not with a drain batch that happened to come
+        # first. Set back to None, the drain's claims take every transaction again.
+        self._after = value
+        self._outbox.fair_upto = value
 
     def claim(self, limit: int) -> AbstractAsyncContextManager[_Claim]:
         """The fair round's rows of the newest transactions, locked in a transaction."""

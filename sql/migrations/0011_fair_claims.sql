@@ -18,12 +18,14 @@ CREATE INDEX IF NOT EXISTS {name}_unkeyed_xact_idx
 -- have rows from seq p_floor up: LEAST(32, p_rows / 2) transactions, GREATEST(p_rows / 64, 1)
 -- rows each, so at most half of p_rows. NULL p_rows: none. p_after: only transactions newer
 -- than this one (the express lane: those that committed since its drain began; NULL: all), a
--- bound of the index scans, so the transactions before it are never walked.
+-- bound of the index scans, so the transactions before it are never walked; p_upto: only
+-- transactions up to this one (the drain's own batches while the express lane takes the newer
+-- ones; NULL: all).
 -- Each transaction is one index probe from the one before (newest first), and its share is
 -- found among its first 64 rows from the floor up: a delayed or locked bulk costs one short
 -- look, not a walk.
 CREATE OR REPLACE FUNCTION {claim_fair_fn}(p_rows integer, p_floor bigint,
-                                           p_after xid8 DEFAULT NULL)
+                                           p_after xid8 DEFAULT NULL, p_upto xid8 DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE sql VOLATILE AS $fn$
 WITH RECURSIVE xacts AS (
@@ -31,6 +33,7 @@ WITH RECURSIVE xacts AS (
      FROM {table} AS h
      WHERE h.ordering_key IS NULL AND h.seq >= p_floor AND p_rows > 1
        AND h.xact > COALESCE(p_after, '0'::xid8)
+       AND h.xact <= COALESCE(p_upto, '18446744073709551615'::xid8)
      ORDER BY h.xact DESC
      LIMIT 1)
     UNION ALL

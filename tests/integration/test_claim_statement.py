@@ -22,7 +22,7 @@ async def _claimed(conn: asyncpg.Connection, limit: int, keyed_first: bool,
     await tx.start()
     try:
         rows = await conn.fetch(CLAIM, limit, KEYS_PER_BATCH, False, max_bytes, SWEEP,
-                                keyed_first)
+                                keyed_first, None)
         locks = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
             "AND pid = pg_backend_pid()")
@@ -102,8 +102,39 @@ async def _claim_reading(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record]
     await tx.start()
     try:
         before = int(await conn.fetchval(count))
-        rows = await claim.fetch(500, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False)
+        rows = await claim.fetch(500, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, None)
         read = int(await conn.fetchval(count)) - before
     finally:
         await tx.rollback()
     return rows, read
+
+
+async def test_claim__the_express_lane_takes_newer_transactions_and_the_drain_the_rest(
+    db: str,
+) -> None:
+    """While the express lane runs, it claims the rows of transactions newer than the drain's
+    start (query claim_express, `after`), and the drain's own fair round stops at that
+    transaction ($7, `upto`), so a row committed meanwhile goes with the lane's small batch."""
+    async with pg_session(db) as conn:
+        await conn.execute(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "SELECT 'x', 'rk', jsonb_build_object('g', g) FROM generate_series(1, 200) g")
+        base = int(await conn.fetchval("SELECT max(xact)::text FROM queue_message"))
+        for i in range(3):
+            await conn.execute("INSERT INTO queue_message (exchange, routing_key, content) "
+                               "VALUES ('x', 'rk', jsonb_build_object('live', $1::int))", i)
+        live = {r[0] for r in await conn.fetch(
+            "SELECT seq FROM queue_message WHERE xact > $1::text::xid8", str(base))}
+        express = Queries(TableNames(None, "queue_message", "queue_message_notify"))[
+            "claim_express"]
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            drain = {r["seq"] for r in await conn.fetch(
+                CLAIM, 100, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, str(base))}
+            lane = {r["seq"] for r in await conn.fetch(
+                express, 64, NO_BYTE_LIMIT, SWEEP, str(base))}
+        finally:
+            await tx.rollback()
+    assert len(drain) == 100 and not drain & live, "the drain's claim took a newer row"
+    assert lane == live, f"the express claim took {sorted(lane)}, not {sorted(live)}"
