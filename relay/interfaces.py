@@ -166,6 +166,12 @@ class Store(Protocol):
         """Seconds until the earliest delayed row is due; None when there is none."""
 
 
+# Batches of the express lane in flight at once (relay/loop/express.py): a batch waits for its
+# broker confirm (a disk write, several milliseconds while a drain loads the broker), and a row
+# committed meanwhile should not wait for it. Each holds a database connection while it runs.
+EXPRESS_IN_FLIGHT = 3
+
+
 class ExpressStore(Store, Protocol):
     """The store as the express lane needs it (relay/loop/express.py): its claims take the
     fair round alone, of the transactions newer than `after` (None: all)."""

@@ -5,7 +5,7 @@ transactions a share (docs/fairness.md); still, a row committed meanwhile waits 
 finish its batch and then travels behind that batch's hundreds of messages on the shared
 channel: tens of milliseconds. The express lane runs beside the lanes, only while they run. It
 looks at the newest transaction every `poll_s` (one index entry), and when a newer one has
-committed it claims the fair round alone, in small batches, until a claim comes back empty,
+committed it claims the fair round alone, in small batches (up to `IN_FLIGHT` at once),
 publishing over a broker connection of its own where no bulk batch is in flight.
 
 Its rows are claimed FOR UPDATE SKIP LOCKED like every other claim, so the lane and the drain's
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import structlog
 
 from relay.errors import DatabaseError
-from relay.interfaces import ExpressStore, Publisher
+from relay.interfaces import EXPRESS_IN_FLIGHT, ExpressStore, Publisher
 
 log = structlog.get_logger("relay.loop.express")
 
@@ -33,6 +33,8 @@ EXPRESS_ROWS = 64
 # After a failure (the database or the broker away), the lane waits this long before it looks
 # again; the drain's lanes carry on meanwhile, or stop, and the drain's end stops the lane.
 FAILURE_PAUSE_S = 1.0
+# Batches of the lane in flight at once (relay/interfaces.py, where the pool is sized by it).
+IN_FLIGHT = EXPRESS_IN_FLIGHT
 
 BatchRunner = Callable[[ExpressStore, Publisher], Awaitable[int]]
 
@@ -55,31 +57,48 @@ class ExpressLane:
 
     async def _run(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         seen: int | None = None
-        while not done.is_set():
-            if not self.publisher.ready:
-                # The drain's own claims take every transaction meanwhile.
-                self.store.after, seen = None, None
-                await _pause(done, FAILURE_PAUSE_S / 20)
-                continue
-            try:
-                newest = await self.store.newest_transaction()
+        bursts: set[asyncio.Future[None]] = set()
+        failed = asyncio.Event()
+        try:
+            while not done.is_set():
+                if failed.is_set() or not self.publisher.ready:
+                    # The drain's own claims take every transaction meanwhile.
+                    self.store.after, seen = None, None
+                    failed.clear()
+                    await _pause(done, FAILURE_PAUSE_S)
+                    continue
+                try:
+                    newest = await self.store.newest_transaction()
+                except DatabaseError as exc:
+                    # The drain's own lanes report the outage (the database supervisor).
+                    log.info("express_lane_paused", error=str(exc))
+                    failed.set()
+                    continue
                 # Only what commits from now on: the drain's lanes take what is there
                 # already, and a bulk transaction's drained head is never walked here.
                 if seen is None:
                     seen = self.store.after = newest if newest is not None else 0
-                if newest is None or newest <= seen:
+                if newest is None or newest <= seen or len(bursts) >= IN_FLIGHT:
                     await _pause(done, self.poll_s)
                     continue
                 seen = newest
-                # Again at once while a claim brings more than one transaction's row: a burst
-                # of commits may be more than one claim.
-                while not done.is_set() and await run_batch(self.store, self.publisher) > 1:
-                    pass
-            except DatabaseError as exc:
-                # The drain's own lanes report the outage (the database supervisor).
-                log.info("express_lane_paused", error=str(exc))
-                self.store.after, seen = None, None
-                await _pause(done, FAILURE_PAUSE_S)
+                burst = asyncio.ensure_future(self._burst(done, run_batch, failed))
+                bursts.add(burst)
+                burst.add_done_callback(bursts.discard)
+        finally:
+            # A batch in flight finishes: its rows may be acked already.
+            await asyncio.gather(*bursts, return_exceptions=True)
+
+    async def _burst(self, done: asyncio.Event, run_batch: BatchRunner,
+                     failed: asyncio.Event) -> None:
+        """Claim and publish until a claim brings at most one transaction's row (a burst of
+        commits may be more than one claim)."""
+        try:
+            while not done.is_set() and await run_batch(self.store, self.publisher) > 1:
+                pass
+        except DatabaseError as exc:
+            log.info("express_lane_paused", error=str(exc))
+            failed.set()
 
 
 async def _pause(done: asyncio.Event, seconds: float) -> None:

@@ -15,7 +15,7 @@ import asyncpg
 
 from relay.deadlines import Deadlines
 from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
-from relay.interfaces import ClaimOptions, OutboxRow, Settlement
+from relay.interfaces import EXPRESS_IN_FLIGHT, ClaimOptions, OutboxRow, Settlement
 from relay.pg.connection import (
     DB_ERRORS,
     UNAVAILABLE_ERRORS,
@@ -184,8 +184,10 @@ class Outbox:
     @classmethod
     async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
         """Open the pool (fails fast with DatabaseError) and check the table is migrated."""
-        # A connection per lane, one for the express lane, one for the rest (status, due times).
-        n = size or settings.concurrency + (2 if settings.express_lane else 1)
+        # A connection per lane and per express batch in flight, one for the express lane's
+        # looks, one for the rest (status, due times).
+        express = EXPRESS_IN_FLIGHT + 1 if settings.express_lane else 0
+        n = size or settings.concurrency + express + 1
         try:
             # init: a pooled connection that lands on a standby is closed, never used to claim.
             user_timeout_ms = Deadlines.from_settings(settings).idle_in_transaction_ms
