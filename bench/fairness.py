@@ -1,7 +1,7 @@
 """Live rows beside a bulk job: one-row transactions committed while a bulk transaction drains.
 
     python -m bench.fairness --out bench/fairness-RESULTS.md [--rows 300000] [--live-rate 200]
-        [--relays 1] [--runs 1]
+        [--relays 1,2] [--runs 1] [--relay-setting EXPRESS_LANE=false] [--insert-cost]
 
 One run, on a private cluster with the server's defaults, with `relay run` at its defaults
 already running and idle (the relays of --relays):
@@ -32,6 +32,7 @@ import asyncpg
 
 from bench.common import (
     AMQP_URL,
+    BODY_SQL,
     BenchEnv,
     OneOff,
     Relay,
@@ -174,16 +175,72 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
     }
 
 
-async def measure(rows: int, live_rate: int, *, relays: int, runs: int, quiet_below: float,
-                  settings: dict[str, str]) -> list[dict[str, Any]]:
-    """`runs` runs of the scenario, one record each."""
+async def insert_cost(env: BenchEnv, rows: int, runs: int) -> list[dict[str, Any]]:
+    """What the xact column and its index cost producers: two copies of the outbox (no
+    trigger on either), one without them; a `rows`-row INSERT ... SELECT, and 8 connections
+    committing one-row INSERTs for 5 s, on each in turn."""
+    tables = {"with xact": "bench_with_xact", "without xact": "bench_without_xact"}
+    conn = await asyncpg.connect(env.dsn)
+    out = []
+    try:
+        for table in tables.values():
+            await conn.execute(f"DROP TABLE IF EXISTS {table}; "
+                               f"CREATE TABLE {table} (LIKE queue_message INCLUDING ALL)")
+        await conn.execute("ALTER TABLE bench_without_xact DROP COLUMN xact")
+        for i, (what, table) in ((i, t) for i in range(runs) for t in tables.items()):
+            await conn.execute(f"TRUNCATE {table}; CHECKPOINT")
+            load = load_before()
+            started = time.perf_counter()
+            await conn.execute(
+                f"INSERT INTO {table} (exchange, routing_key, content) "
+                f"SELECT 'x', 'rk', {BODY_SQL} FROM generate_series(1, $1) AS g", rows)
+            bulk_s = time.perf_counter() - started
+            await conn.execute(f"TRUNCATE {table}; CHECKPOINT")
+            commits = await _one_row_commits(env.dsn, table, connections=8, seconds=5.0)
+            out.append({"kind": "insert_cost", "run": i + 1, "table": what, "rows": rows,
+                        "bulk_s": round(bulk_s, 3), "one_row_commits_per_s": round(commits),
+                        "load_before": load})
+            print(json.dumps(out[-1]), flush=True)
+        for table in tables.values():
+            await conn.execute(f"DROP TABLE {table}")
+    finally:
+        await conn.close()
+    return out
+
+
+async def _one_row_commits(dsn: str, table: str, *, connections: int, seconds: float) -> float:
+    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+    end = time.monotonic() + seconds
+    counts = [0] * connections
+
+    async def one(i: int) -> None:
+        while time.monotonic() < end:
+            await conns[i].execute(f"INSERT INTO {table} (exchange, routing_key, content) "
+                                   "VALUES ('x', 'rk', '{\"n\": 1}')")
+            counts[i] += 1
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(connections)))
+    finally:
+        for c in conns:
+            await c.close()
+    return sum(counts) / seconds
+
+
+async def measure(rows: int, live_rate: int, *, relays: list[int], runs: int,
+                  quiet_below: float, settings: dict[str, str],
+                  with_insert_cost: bool = False) -> list[dict[str, Any]]:
+    """`runs` runs of the scenario for each number of relays, one record each."""
     async with one_off_env("fairness") as (env, records):
+        if with_insert_cost:
+            await wait_quiet(quiet_below)
+            records.extend(await insert_cost(env, rows, runs))
         live_queue = await _bind_live_queue(env)
         try:
-            for i in range(runs):
+            for n, i in ((n, i) for n in relays for i in range(runs)):
                 await wait_quiet(quiet_below)
                 log_dir = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
-                result = await run_once(env, live_queue, rows, live_rate=live_rate, relays=relays,
+                result = await run_once(env, live_queue, rows, live_rate=live_rate, relays=n,
                                         log_dir=log_dir, settings=settings)
                 records.add({"run": i + 1, **result, "settings": settings,
                              "logs": str(log_dir)})
@@ -209,7 +266,7 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
         "| load before (alone / beside) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in records:
+    for r in (r for r in records if r.get("kind") != "insert_cost"):
         lines.append(
             f"| {r['run']} | {_settings(r['settings'])} | {r['relays']} | {r['bulk_rows']:,} "
             f"| {r['alone_msg_per_s']:,.0f} "
@@ -217,6 +274,16 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
             f"| {r['live_rows_during_drain']} | {r['live_p50_ms']} | {r['live_p95_ms']} "
             f"| {r['live_p99_ms']} | {r['live_max_ms']} | {r['load_before_alone'][0]} / "
             f"{r['load_before_beside'][0]} |")
+    cost = [r for r in records if r.get("kind") == "insert_cost"]
+    if cost:
+        lines += ["", "## What the xact column and its index cost producers", "",
+                  "Two copies of the outbox, no trigger on either, one without the column and "
+                  "its index, in turn: one INSERT ... SELECT of the bulk's size, and 8 "
+                  "connections committing one-row INSERTs for 5 s.", "",
+                  "| run | table | bulk rows | bulk INSERT s | one-row commits/s | load before |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['run']} | {r['table']} | {r['rows']:,} | {r['bulk_s']} "
+                  f"| {r['one_row_commits_per_s']:,} | {r['load_before'][0]} |" for r in cost]
     return "\n".join(lines) + "\n"
 
 
@@ -229,16 +296,19 @@ def main() -> None:
     args, run = one_off("bench.fairness", runs=1, options={
         "--rows": {"type": int, "default": 300_000},
         "--live-rate": {"type": int, "default": 200},
-        "--relays": {"type": int, "default": 1},
+        "--relays": {"default": "1", "help": "numbers of relays, in turn: 1,2 (empty: no drain runs)"},
+        "--insert-cost": {"action": "store_true",
+                          "help": "first, what the xact column and its index cost producers"},
         "--relay-setting": {"action": "append", "default": [],
                             "help": "NAME=VALUE for the relays, e.g. EXPRESS_LANE=false"},
     })
     settings = {k.lower(): v for k, v in (kv.split("=", 1) for kv in args.relay_setting)}
     records = run_on_private_server(lambda: measure(
-        args.rows, args.live_rate, relays=args.relays, runs=args.runs,
-        quiet_below=args.quiet_below, settings=settings))
+        args.rows, args.live_rate, relays=[int(n) for n in args.relays.split(",") if n],
+        runs=args.runs,
+        quiet_below=args.quiet_below, settings=settings, with_insert_cost=args.insert_cost))
     run.write(args.out, report(records, run))
-    print(json.dumps(records[-1]))
+
 
 
 if __name__ == "__main__":

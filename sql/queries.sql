@@ -351,14 +351,30 @@ SELECT pg_try_advisory_lock({leader_lock_class}, {table_oid})
 -- ============================================================ status
 
 -- name: backlog
-SELECT count(*) FILTER (WHERE available_at <= now())                  AS due,
-       count(*) FILTER (WHERE available_at > now())                   AS delayed,
-       -- created_at may be +-infinity (producers write it): an age is clamped to 0..100 years.
-       LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM min(created_at)
-                FILTER (WHERE available_at <= now())), 0), 0), 3155760000)::float8
-                                                                       AS oldest_due_age_s,
-       count(*) FILTER (WHERE attempts > 0)                           AS retrying
-FROM {table}
+-- The due rows' age also by class (docs/fairness.md): rows of transactions that wrote fewer
+-- than 1,000 rows ("live": applications) and of those that wrote more ("bulk": backfills,
+-- Spark), so that an alert on live lag does not fire for a backfill, and the reverse.
+-- created_at may be +-infinity (producers write it): an age is clamped to 0..100 years.
+WITH by_xact AS (
+    SELECT count(*) AS n_rows,
+           count(*) FILTER (WHERE available_at <= now()) AS due,
+           count(*) FILTER (WHERE available_at > now()) AS delayed,
+           count(*) FILTER (WHERE attempts > 0) AS retrying,
+           min(created_at) FILTER (WHERE available_at <= now()) AS oldest_due
+    FROM {table}
+    GROUP BY xact)
+SELECT COALESCE(sum(due), 0)::bigint AS due,
+       COALESCE(sum(delayed), 0)::bigint AS delayed,
+       LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM min(oldest_due)),
+                               0), 0), 3155760000)::float8 AS oldest_due_age_s,
+       LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM min(oldest_due)
+                      FILTER (WHERE n_rows < 1000)), 0), 0), 3155760000)::float8
+                                                          AS oldest_live_due_age_s,
+       LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM min(oldest_due)
+                      FILTER (WHERE n_rows >= 1000)), 0), 0), 3155760000)::float8
+                                                          AS oldest_bulk_due_age_s,
+       COALESCE(sum(retrying), 0)::bigint AS retrying
+FROM by_xact
 
 -- name: relay_sessions
 -- Relay processes connected to this database: each holds one LISTEN session (relay/pg/listener.py

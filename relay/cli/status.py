@@ -44,6 +44,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
         ("notify mode", doc["notify_mode"]),
         ("due rows", f"{doc['due']:,}"),
         ("oldest due row age", human_s(doc["oldest_due_age_s"])),
+        ("  of live transactions", human_s(doc.get("oldest_live_due_age_s"))),
+        ("  of bulk transactions", human_s(doc.get("oldest_bulk_due_age_s"))),
         ("rate in / out", f"{_rate(doc.get('in_per_s'))} / {_rate(doc.get('out_per_s'))}"),
         ("empty in", "not draining" if growing else human_s(eta)),
         ("delayed rows", f"{doc['delayed']:,}"),

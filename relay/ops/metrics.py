@@ -156,6 +156,12 @@ class RelayMetrics:
             "relay_oldest_due_age_seconds",
             "Age of the oldest due row, 0 when none (last poll).", registry=r,
         )
+        self.oldest_due_age_by_class = Gauge(
+            "relay_oldest_due_age_by_class_seconds",
+            "Age of the oldest due row of transactions that wrote fewer than 1,000 rows "
+            "(class=live) or more (class=bulk), 0 when none (last poll).", ["class"],
+            registry=r,
+        )
         self.dead_rows = Gauge(
             "relay_dead_letter_rows", "Rows in the dead-letter table (last poll).", registry=r
         )
@@ -307,6 +313,9 @@ class BacklogPoller:
             m.backlog_due.set(float(figures.get("due") or 0))
             m.backlog_delayed.set(float(figures.get("delayed") or 0))
             m.oldest_due_age.set(float(figures.get("oldest_due_age_s") or 0.0))
+            for cls in ("live", "bulk"):
+                m.oldest_due_age_by_class.labels(cls).set(
+                    float(figures.get(f"oldest_{cls}_due_age_s") or 0.0))
             m.dead_rows.set(float(figures.get("dead") or 0))
             m.backlog_polled.set(time.time())
         self.polled.set()

@@ -71,3 +71,21 @@ def test_status_watch__redraws_in_place_on_a_terminal(env: Env) -> None:
     assert screen.count("rate in / out") == 3
     assert screen.count("\x1b[J") == 2  # cursor back up and clear, before each redraw
     assert not screen.lstrip().startswith("{")
+
+
+async def test_status__oldest_due_age_by_class_of_transaction(env: Env) -> None:
+    """A bulk transaction's rows (1,000 or more) and a one-row transaction's: `relay status`
+    shows each class's oldest due row on its own, so a live-lag alert ignores a backfill."""
+    await _sql(env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content, "
+               "created_at) SELECT 'x', 'rk', '{}', now() - interval '1 hour' "
+               "FROM generate_series(1, 1500)")
+    await _sql(env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content, "
+               "created_at) VALUES ('x', 'rk', '{}', now() - interval '30 seconds')")
+    out = subprocess.run([RELAY_BIN, "status", "--json"], env=env.relay_env(),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["due"] == 1501
+    assert 3500 < doc["oldest_bulk_due_age_s"] < 3700
+    assert 25 < doc["oldest_live_due_age_s"] < 100
+    assert doc["oldest_due_age_s"] == doc["oldest_bulk_due_age_s"]
