@@ -296,7 +296,8 @@ def main() -> None:
     args, run = one_off("bench.fairness", runs=1, options={
         "--rows": {"type": int, "default": 300_000},
         "--live-rate": {"type": int, "default": 200},
-        "--relays": {"default": "1", "help": "numbers of relays, in turn: 1,2 (empty: no drain runs)"},
+        "--relays": {"default": "1",
+                     "help": "numbers of relays, in turn: 1,2 (empty: no drain runs)"},
         "--insert-cost": {"action": "store_true",
                           "help": "first, what the xact column and its index cost producers"},
         "--relay-setting": {"action": "append", "default": [],

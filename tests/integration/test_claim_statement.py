@@ -136,5 +136,6 @@ async def test_claim__the_express_lane_takes_newer_transactions_and_the_drain_th
                 express, 64, NO_BYTE_LIMIT, SWEEP, str(base))}
         finally:
             await tx.rollback()
-    assert len(drain) == 100 and not drain & live, "the drain's claim took a newer row"
+    assert len(drain) == 100
+    assert not drain & live, "the drain's claim took a newer row"
     assert lane == live, f"the express claim took {sorted(lane)}, not {sorted(live)}"
