@@ -83,9 +83,9 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
         await leadership.close()
 
 
-def make_publisher(settings: Settings, supervisor: Supervisor) -> Pipeline:
+def make_publisher(settings: Settings, supervisor: Supervisor, role: str = "") -> Pipeline:
     """The publish pipeline over the configured transport; `supervisor` drives its connection
-    (start-up wait, reconnects, the state /healthz shows)."""
+    (start-up wait, reconnects, the state /healthz shows); `role` names a second connection."""
     kind = BulkPublisher if settings.publisher is PublisherKind.BULK else AmqpPublisher
     return kind(
         settings.amqp_url,
@@ -94,6 +94,7 @@ def make_publisher(settings: Settings, supervisor: Supervisor) -> Pipeline:
         encoder=Encoder(mandatory=settings.mandatory,
                         max_message_bytes=settings.max_message_bytes),
         supervisor=supervisor,
+        role=role,
     )
 
 
@@ -128,7 +129,7 @@ async def _open_express(settings: Settings, supervisors: Supervisors, outbox: Ou
     if not settings.express_lane or settings.mode is RelayMode.SINGLE_ACTIVE:
         return None
     express = make_publisher(settings, supervisors.add(
-        "broker-express", describe=redact(settings.amqp_url), bounded=True))
+        "broker-express", describe=redact(settings.amqp_url), bounded=True), role="express")
     try:
         await express.connect()
     except BaseException:

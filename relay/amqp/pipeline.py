@@ -394,8 +394,9 @@ class AmqpPublisher(Pipeline):
     """The pipeline over the per-message transport (RELAY_PUBLISHER=simple)."""
 
     def __init__(self, url: str, *, publish_timeout_s: float, reconnect_max_s: float = 30.0,
-                 supervisor: Supervisor | None = None, encoder: Encoder | None = None) -> None:
-        super().__init__(_connection(url, reconnect_max_s, supervisor), PerMessage(),
+                 supervisor: Supervisor | None = None, encoder: Encoder | None = None,
+                 role: str = "") -> None:
+        super().__init__(_connection(url, reconnect_max_s, supervisor, role), PerMessage(),
                          publish_timeout_s=publish_timeout_s, encoder=encoder,
                          probe=PerMessage())
 
@@ -404,17 +405,26 @@ class BulkPublisher(Pipeline):
     """The pipeline over the bulk-frames transport (RELAY_PUBLISHER=bulk, the default)."""
 
     def __init__(self, url: str, *, publish_timeout_s: float, reconnect_max_s: float = 30.0,
-                 supervisor: Supervisor | None = None, encoder: Encoder | None = None) -> None:
-        super().__init__(_connection(url, reconnect_max_s, supervisor), Bulk(),
+                 supervisor: Supervisor | None = None, encoder: Encoder | None = None,
+                 role: str = "") -> None:
+        super().__init__(_connection(url, reconnect_max_s, supervisor, role), Bulk(),
                          publish_timeout_s=publish_timeout_s, encoder=encoder,
                          probe=PerMessage())
 
 
-def _connection(url: str, reconnect_max_s: float, supervisor: Supervisor | None
-                ) -> BrokerConnection:
+def _connection(url: str, reconnect_max_s: float, supervisor: Supervisor | None,
+                role: str = "") -> BrokerConnection:
+    """`role`: a second connection of the process ("express") says so in its name, which
+    operators see in `rabbitmqctl list_connections` (outbox-relay-express host pid)."""
+    import os
+    import socket
+
     from relay.dsn import redact
     from relay.supervise import Backoff
 
     sup = supervisor or Supervisor("broker", backoff=Backoff(max_s=reconnect_max_s),
                                    describe=redact(url))
-    return BrokerConnection(url, supervisor=sup)
+    name = None
+    if role:
+        name = f"outbox-relay-{role} {socket.gethostname()} {os.getpid()}"
+    return BrokerConnection(url, supervisor=sup, connection_name=name)

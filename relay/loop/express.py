@@ -85,8 +85,14 @@ class ExpressLane:
                 burst = asyncio.ensure_future(self._burst(done, run_batch, failed))
                 bursts.add(burst)
                 burst.add_done_callback(bursts.discard)
+        except asyncio.CancelledError:
+            # A hard stop (the drain is cancelled): the lane's batches roll back with the
+            # drain's own.
+            for running in bursts:
+                running.cancel()
+            raise
         finally:
-            # A batch in flight finishes: its rows may be acked already.
+            # On the drain's end a batch in flight finishes: its rows may be acked already.
             await asyncio.gather(*bursts, return_exceptions=True)
 
     async def _burst(self, done: asyncio.Event, run_batch: BatchRunner,

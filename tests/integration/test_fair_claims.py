@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from tests.helpers import Consumer, Env, count_rows, pg_session, wait_until
 
 BULK_ROWS = 50_000
@@ -39,9 +41,11 @@ async def _produce_live(dsn: str, exchange: str, rows: int, every_s: float,
     return committed
 
 
+@pytest.mark.parametrize("express_lane", ["true", "false"])
 async def test_fair_claims__live_rows_arrive_while_a_bulk_transaction_drains(
-    env: Env, consumer: Consumer, start_relay
+    env: Env, consumer: Consumer, start_relay, express_lane: str
 ) -> None:
+    """With the express lane (the default) and without it (the drain's fair rounds alone)."""
     await _insert_bulk(env.pg_dsn, env.exchange, BULK_ROWS)
     arrived: dict[str, float] = {}
 
@@ -52,7 +56,7 @@ async def test_fair_claims__live_rows_arrive_while_a_bulk_transaction_drains(
     consumer._on_message = on_message  # type: ignore[method-assign]
     await consumer.stop()
     await consumer.start()
-    start_relay(poll_interval_s=60)
+    start_relay(poll_interval_s=60, express_lane=express_lane)
     await wait_until(lambda: len(consumer.messages) >= 500, timeout_s=30,
                      what="the relay to start draining the bulk (500 messages)")
 
