@@ -2,6 +2,7 @@
 
     python -m bench.fairness --out bench/fairness-RESULTS.md [--rows 300000] [--live-rate 200]
         [--relays 1,2] [--runs 1] [--relay-setting EXPRESS_LANE=false] [--insert-cost]
+        [--spark]
 
 One run, on a private cluster with the server's defaults, with `relay run` at its defaults
 already running and idle (the relays of --relays):
@@ -33,6 +34,7 @@ import asyncpg
 from bench.common import (
     AMQP_URL,
     BODY_SQL,
+    ROUTING_KEY,
     BenchEnv,
     OneOff,
     Relay,
@@ -73,11 +75,44 @@ async def _drop_queue(queue: str) -> None:
         await amqp.close()
 
 
-async def _bulk(env: BenchEnv, rows: int, live: Live | None = None) -> tuple[float, float]:
+class SparkBulk:
+    """The bulk written by the project's Spark writer (relay.spark.write_outbox, staged mode:
+    Spark writes a staging table, then one INSERT ... SELECT commits every row at once) from a
+    local[2] session of this process."""
+
+    def __init__(self) -> None:
+        from relay.spark import session
+
+        self.spark = session("bench-fairness", master="local[2]",
+                             **{"spark.ui.enabled": "false"})
+        self.spark.sparkContext.setLogLevel("ERROR")
+        self.writes = 0
+
+    def write(self, env: BenchEnv, rows: int) -> None:
+        """Write `rows` rows of about 200 bytes to the scenario's exchange and routing key."""
+        from pyspark.sql import functions as F
+
+        from relay.spark import outbox_id, write_outbox
+
+        self.writes += 1
+        df = self.spark.range(0, rows, numPartitions=4).select(
+            F.lit(env.exchange).alias("exchange"), F.lit(ROUTING_KEY).alias("routing_key"),
+            F.struct(F.col("id").alias("n"), F.lit("settlement.completed").alias("type"),
+                     F.lit("x" * 120).alias("pad")).alias("content"),
+            outbox_id(F.lit(f"w{self.writes}"), F.col("id")).alias("id"))
+        write_outbox(df, dsn=env.dsn, mode="staged")
+
+
+async def _bulk(env: BenchEnv, rows: int, live: Live | None = None,
+                spark: SparkBulk | None = None) -> tuple[float, float]:
     """Commit the bulk (and start `live`'s producer at once); (commit time, time drained)."""
     conn = await asyncpg.connect(env.dsn)
     try:
-        committed = await insert_backlog(conn, env, rows)
+        if spark is None:
+            committed = await insert_backlog(conn, env, rows)
+        else:
+            await asyncio.to_thread(spark.write, env, rows)
+            committed = time.monotonic()
         if live is not None:
             await live.start()
         drained = await wait_drained(conn, env, rows, timeout_s=600)
@@ -116,7 +151,8 @@ class Live:
 
 
 async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
-                   relays: int, log_dir: Path, settings: dict[str, str]) -> dict[str, Any]:
+                   relays: int, log_dir: Path, settings: dict[str, str],
+                   spark: SparkBulk | None = None) -> dict[str, Any]:
     """The bulk alone, then beside live rows, with the same running relays."""
     procs = [Relay(env.relay_env(**settings), log_dir / f"relay-{i}.log")
              for i in range(relays)]
@@ -135,14 +171,14 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
 
         await checkpoint(env)
         load_alone = load_before()
-        start, end = await _bulk(env, rows)
+        start, end = await _bulk(env, rows, spark=spark)
         alone_s = end - start
         await purge_queue(env)
 
         await checkpoint(env)
         load_mixed = load_before()
         live = Live(env, live_rate, alone_s * 1.5 + 2, log_dir / "live-ids.txt")
-        start, end = await _bulk(env, rows, live)
+        start, end = await _bulk(env, rows, live, spark)
         mixed_s = end - start
         committed = await live.committed()
         deadline = time.monotonic() + 60
@@ -162,7 +198,8 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
     received.clear()
     await purge_queue(env)
     return {
-        "bulk_rows": rows, "relays": relays, "live_rate_per_s": live_rate,
+        "bulk_rows": rows, "bulk_by": "spark staged" if spark else "INSERT ... SELECT",
+        "relays": relays, "live_rate_per_s": live_rate,
         "alone_msg_per_s": round(rows / alone_s, 1),
         "beside_live_msg_per_s": round(rows / mixed_s, 1),
         "drain_ratio": round(alone_s / mixed_s, 3),
@@ -229,19 +266,21 @@ async def _one_row_commits(dsn: str, table: str, *, connections: int, seconds: f
 
 async def measure(rows: int, live_rate: int, *, relays: list[int], runs: int,
                   quiet_below: float, settings: dict[str, str],
-                  with_insert_cost: bool = False) -> list[dict[str, Any]]:
+                  with_insert_cost: bool = False, spark: bool = False,
+                  ) -> list[dict[str, Any]]:
     """`runs` runs of the scenario for each number of relays, one record each."""
     async with one_off_env("fairness") as (env, records):
         if with_insert_cost:
             await wait_quiet(quiet_below)
             records.extend(await insert_cost(env, rows, runs))
         live_queue = await _bind_live_queue(env)
+        writer = SparkBulk() if spark else None
         try:
             for n, i in ((n, i) for n in relays for i in range(runs)):
                 await wait_quiet(quiet_below)
                 log_dir = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
                 result = await run_once(env, live_queue, rows, live_rate=live_rate, relays=n,
-                                        log_dir=log_dir, settings=settings)
+                                        log_dir=log_dir, settings=settings, spark=writer)
                 records.add({"run": i + 1, **result, "settings": settings,
                              "logs": str(log_dir)})
         finally:
@@ -261,14 +300,15 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
             "consumes during the run; live rows one per transaction, Poisson arrivals, to "
             "another durable queue consumed by the benchmark; latency: producer's commit "
             "returned -> consumer received, for live rows committed before the bulk drained"),
-        "| run | relay settings | relays | bulk rows | alone msg/s | beside live msg/s "
+        "| run | relay settings | relays | bulk by | bulk rows | alone msg/s | beside live msg/s "
         "| drain ratio | live rows | live p50 ms | p95 | p99 | max "
         "| load before (alone / beside) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in records if r.get("kind") != "insert_cost"):
         lines.append(
-            f"| {r['run']} | {_settings(r['settings'])} | {r['relays']} | {r['bulk_rows']:,} "
+            f"| {r['run']} | {_settings(r['settings'])} | {r['relays']} "
+            f"| {r.get('bulk_by', 'INSERT ... SELECT')} | {r['bulk_rows']:,} "
             f"| {r['alone_msg_per_s']:,.0f} "
             f"| {r['beside_live_msg_per_s']:,.0f} | {r['drain_ratio']} "
             f"| {r['live_rows_during_drain']} | {r['live_p50_ms']} | {r['live_p95_ms']} "
@@ -298,6 +338,8 @@ def main() -> None:
         "--live-rate": {"type": int, "default": 200},
         "--relays": {"default": "1",
                      "help": "numbers of relays, in turn: 1,2 (empty: no drain runs)"},
+        "--spark": {"action": "store_true",
+                    "help": "the bulk written by relay.spark.write_outbox (staged mode)"},
         "--insert-cost": {"action": "store_true",
                           "help": "first, what the xact column and its index cost producers"},
         "--relay-setting": {"action": "append", "default": [],
@@ -307,7 +349,8 @@ def main() -> None:
     records = run_on_private_server(lambda: measure(
         args.rows, args.live_rate, relays=[int(n) for n in args.relays.split(",") if n],
         runs=args.runs,
-        quiet_below=args.quiet_below, settings=settings, with_insert_cost=args.insert_cost))
+        quiet_below=args.quiet_below, settings=settings, with_insert_cost=args.insert_cost,
+        spark=args.spark))
     run.write(args.out, report(records, run))
 
 
