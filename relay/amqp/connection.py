@@ -78,14 +78,17 @@ class BrokerConnection:
         *,
         supervisor: Supervisor | None = None,
         connection_name: str | None = None,
+        role: str = "",
         connect_timeout_s: float = 10.0,
     ) -> None:
         self.nodes = Nodes(urls)
         self.supervisor = supervisor or Supervisor("broker", describe=redact(urls))
         # Unique per process (as application_name is on PostgreSQL), so an operator can tell
-        # the relays' connections apart in the management UI and close one by name.
+        # the relays' connections apart in the management UI and close one by name; a
+        # second connection of the process says its `role` (outbox-relay-express host pid).
+        prefix = f"outbox-relay-{role}" if role else "outbox-relay"
         self.connection_name = connection_name or (
-            f"outbox-relay {socket.gethostname()} {os.getpid()}"
+            f"{prefix} {socket.gethostname()} {os.getpid()}"
         )
         self.connect_timeout_s = connect_timeout_s
         self.user = broker_user(self.nodes.current)

@@ -414,17 +414,9 @@ class BulkPublisher(Pipeline):
 
 def _connection(url: str, reconnect_max_s: float, supervisor: Supervisor | None,
                 role: str = "") -> BrokerConnection:
-    """`role`: a second connection of the process ("express") says so in its name, which
-    operators see in `rabbitmqctl list_connections` (outbox-relay-express host pid)."""
-    import os
-    import socket
-
     from relay.dsn import redact
     from relay.supervise import Backoff
 
     sup = supervisor or Supervisor("broker", backoff=Backoff(max_s=reconnect_max_s),
                                    describe=redact(url))
-    name = None
-    if role:
-        name = f"outbox-relay-{role} {socket.gethostname()} {os.getpid()}"
-    return BrokerConnection(url, supervisor=sup, connection_name=name)
+    return BrokerConnection(url, supervisor=sup, role=role)

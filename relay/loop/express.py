@@ -5,7 +5,7 @@ transactions a share (docs/fairness.md); still, a row committed meanwhile waits 
 finish its batch and then travels behind that batch's hundreds of messages on the shared
 channel: tens of milliseconds. The express lane runs beside the lanes, only while they run. It
 looks at the newest transaction every `poll_s` (one index entry), and when a newer one has
-committed it claims the fair round alone, in small batches (up to `IN_FLIGHT` at once),
+committed it claims the fair round alone, in small batches (up to `EXPRESS_IN_FLIGHT` at once),
 publishing over a broker connection of its own where no bulk batch is in flight.
 
 Its rows are claimed FOR UPDATE SKIP LOCKED like every other claim, so the lane and the drain's
@@ -33,8 +33,6 @@ EXPRESS_ROWS = 64
 # After a failure (the database or the broker away), the lane waits this long before it looks
 # again; the drain's lanes carry on meanwhile, or stop, and the drain's end stops the lane.
 FAILURE_PAUSE_S = 1.0
-# Batches of the lane in flight at once (relay/interfaces.py, where the pool is sized by it).
-IN_FLIGHT = EXPRESS_IN_FLIGHT
 
 BatchRunner = Callable[[ExpressStore, Publisher], Awaitable[int]]
 
@@ -78,7 +76,7 @@ class ExpressLane:
                 # already, and a bulk transaction's drained head is never walked here.
                 if seen is None:
                     seen = self.store.after = newest if newest is not None else 0
-                if newest is None or newest <= seen or len(bursts) >= IN_FLIGHT:
+                if newest is None or newest <= seen or len(bursts) >= EXPRESS_IN_FLIGHT:
                     await _pause(done, self.poll_s)
                     continue
                 seen = newest

@@ -14,7 +14,7 @@ import structlog
 
 from relay.errors import DatabaseError
 from relay.interfaces import BatchObserver, ExpressStore, Kind, NoMetrics, Publisher, Store
-from relay.loop.batch import BatchPlan, run_batch
+from relay.loop.batch import BatchPlan, BatchReport, run_batch
 from relay.loop.express import EXPRESS_ROWS, ExpressLane
 from relay.loop.retry import RetryPolicy
 from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate, in_flow
@@ -196,28 +196,20 @@ class Worker:
         # Beside the lanes, for as long as they run: rows that newer transactions commit
         # meanwhile go at once (relay/loop/express.py).
         drained = asyncio.Event()
-        if self.express is not None:
-            lanes.append(asyncio.ensure_future(self._express(self.express, drained)))
+        express = [] if self.express is None else [
+            asyncio.ensure_future(self.express.run_until(drained, self._express_batch))]
         try:
-            outcomes = await asyncio.gather(*lanes[:self.config.concurrency],
-                                            return_exceptions=True)
+            outcomes = await asyncio.gather(*lanes, return_exceptions=True)
             drained.set()
-            outcomes += await asyncio.gather(*lanes[self.config.concurrency:],
-                                             return_exceptions=True)
+            outcomes += await asyncio.gather(*express, return_exceptions=True)
         except asyncio.CancelledError:
-            for lane in lanes:
+            for lane in lanes + express:
                 lane.cancel()
-            await asyncio.gather(*lanes, return_exceptions=True)
+            await asyncio.gather(*lanes, *express, return_exceptions=True)
             raise
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-
-    async def _express(self, lane: ExpressLane, drained: asyncio.Event) -> None:
-        async def batch(store: ExpressStore, publisher: Publisher) -> int:
-            return await self.run_batch(store, publisher)
-
-        await lane.run_until(drained, batch)
 
     async def _lane(self, failed: asyncio.Event) -> None:
         try:
@@ -270,26 +262,34 @@ class Worker:
                 task.cancel()
             await asyncio.gather(ready, stop, return_exceptions=True)
 
-    async def run_batch(self, store: Store | None = None,
-                        publisher: Publisher | None = None) -> int:
-        """Run one batch (relay/loop/batch.py); return the number of rows claimed. A store
-        and publisher given: the express lane's batch, of its own size."""
-        cfg = self.config
-        express = store is not None
-        plan = BatchPlan(min(EXPRESS_ROWS, cfg.batch_size) if express else cfg.batch_size,
-                         cfg.publish_budget_s, cfg.retry, cfg.ordering_block_on_dead)
-        report = await run_batch(store or self.store, publisher or self.publisher, plan,
+    async def run_batch(self) -> int:
+        """Run one batch (relay/loop/batch.py); return the number of rows claimed."""
+        report = await run_batch(self.store, self.publisher, self._plan(self.config.batch_size),
                                  self._trace)
+        # Read by _lane right after this returns (no await in between, so lanes cannot mix).
+        self._last_full_by_bytes = report.full_by_bytes
+        self._last_had_keys = any(r.ordering_key is not None for r in report.rows)
+        return self._account(report)
+
+    async def _express_batch(self, store: ExpressStore, publisher: Publisher) -> int:
+        """One batch of the express lane: its own claim, publisher and size."""
+        report = await run_batch(store, publisher,
+                                 self._plan(min(EXPRESS_ROWS, self.config.batch_size)),
+                                 self._trace)
+        return self._account(report)
+
+    def _plan(self, batch_size: int) -> BatchPlan:
+        cfg = self.config
+        return BatchPlan(batch_size, cfg.publish_budget_s, cfg.retry, cfg.ordering_block_on_dead)
+
+    def _account(self, report: BatchReport) -> int:
+        """Counters, metrics and the log of a committed batch; the rows it claimed."""
         # A batch that reached its commit is proof the database works: under a steady backlog
         # a drain may never return, and the recovery must not wait for one that does.
         self.db_supervisor.ok()
         rows = report.rows
         self.claimed_total += len(rows)
-        if not express:
-            self._last_full_by_bytes = report.full_by_bytes
         if not rows:
-            if not express:
-                self._last_had_keys = False
             return 0
         published = sum(1 for v in report.verdicts if v.kind is Kind.PUBLISHED)
         self.published_total += published
@@ -300,7 +300,4 @@ class Worker:
             self._wake.set()
         log.debug("batch_settled", claimed=len(rows), published=published, held=report.held,
                   elapsed_ms=round(report.batch_s * 1000, 1))
-        # Read by _lane right after this returns (no await in between, so lanes cannot mix).
-        if not express:
-            self._last_had_keys = any(r.ordering_key is not None for r in rows)
         return len(rows)
