@@ -2,7 +2,7 @@
 
     python -m bench.fairness --out bench/fairness-RESULTS.md [--rows 300000] [--live-rate 200]
         [--relays 1,2] [--runs 1] [--relay-setting EXPRESS_LANE=false] [--insert-cost]
-        [--spark]
+        [--spark] [--before-src DIR]
 
 One run, on a private cluster with the server's defaults, with `relay run` at its defaults
 already running and idle (the relays of --relays):
@@ -38,7 +38,9 @@ from bench.common import (
     BenchEnv,
     OneOff,
     Relay,
+    builds,
     checkpoint,
+    free_port,
     insert_backlog,
     load_before,
     one_off,
@@ -154,8 +156,8 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
                    relays: int, log_dir: Path, settings: dict[str, str],
                    spark: SparkBulk | None = None) -> dict[str, Any]:
     """The bulk alone, then beside live rows, with the same running relays."""
-    procs = [Relay(env.relay_env(**settings), log_dir / f"relay-{i}.log")
-             for i in range(relays)]
+    procs = [Relay(env.relay_env(**{"http_port": free_port(), **settings}),
+                   log_dir / f"relay-{i}.log") for i in range(relays)]
     received: dict[str, float] = {}
 
     async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
@@ -187,6 +189,7 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
                 raise TimeoutError(f"{len(committed.keys() - received.keys())} live rows "
                                    "never arrived")
             await asyncio.sleep(0.05)
+        gc_pauses = procs[0].full_gc_pauses()
     finally:
         for proc in procs:
             proc.stop()
@@ -209,6 +212,7 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
         "live_p99_ms": round(percentile(during, 99), 2) if during else None,
         "live_max_ms": round(max(during), 2) if during else None,
         "load_before_alone": load_alone, "load_before_beside": load_mixed,
+        **gc_pauses,
     }
 
 
@@ -267,8 +271,9 @@ async def _one_row_commits(dsn: str, table: str, *, connections: int, seconds: f
 async def measure(rows: int, live_rate: int, *, relays: list[int], runs: int,
                   quiet_below: float, settings: dict[str, str],
                   with_insert_cost: bool = False, spark: bool = False,
-                  ) -> list[dict[str, Any]]:
-    """`runs` runs of the scenario for each number of relays, one record each."""
+                  before_src: str = "") -> list[dict[str, Any]]:
+    """`runs` runs of the scenario for each number of relays, one record each (with
+    `before_src`, each run twice: the relay of that checkout, then this tree's)."""
     async with one_off_env("fairness") as (env, records):
         if with_insert_cost:
             await wait_quiet(quiet_below)
@@ -277,42 +282,47 @@ async def measure(rows: int, live_rate: int, *, relays: list[int], runs: int,
         writer = SparkBulk() if spark else None
         try:
             for n, i in ((n, i) for n in relays for i in range(runs)):
-                await wait_quiet(quiet_below)
-                log_dir = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
-                result = await run_once(env, live_queue, rows, live_rate=live_rate, relays=n,
-                                        log_dir=log_dir, settings=settings, spark=writer)
-                records.add({"run": i + 1, **result, "settings": settings,
-                             "logs": str(log_dir)})
+                for build in builds(before_src) if before_src else ("this tree",):
+                    await wait_quiet(quiet_below)
+                    log_dir = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
+                    result = await run_once(env, live_queue, rows, live_rate=live_rate,
+                                            relays=n, log_dir=log_dir, settings=settings,
+                                            spark=writer)
+                    records.add({"run": i + 1, "build": build, **result,
+                                 "settings": settings, "logs": str(log_dir)})
         finally:
             await _drop_queue(live_queue)
     return records
 
 
-def report(records: list[dict[str, Any]], run: OneOff) -> str:
+def report(records: list[dict[str, Any]], run: OneOff, before_src: str = "") -> str:
     """The Markdown results file."""
     lines = [
         *run.header(
             "Live rows beside a bulk job",
-            f"build: {_revision()}",
+            f"build: {_revision()}"
+            + (f"; before = {_revision(before_src)}" if before_src else ""),
             "PostgreSQL: a private initdb cluster with the server's defaults; RabbitMQ on "
             "loopback; `relay run` with its defaults, running before the bulk commits; bulk "
             "rows ~200 bytes of JSON in one INSERT ... SELECT to a durable queue nobody "
             "consumes during the run; live rows one per transaction, Poisson arrivals, to "
             "another durable queue consumed by the benchmark; latency: producer's commit "
             "returned -> consumer received, for live rows committed before the bulk drained"),
-        "| run | relay settings | relays | bulk by | bulk rows | alone msg/s | beside live msg/s "
-        "| drain ratio | live rows | live p50 ms | p95 | p99 | max "
-        "| load before (alone / beside) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | build | relay settings | relays | bulk by | bulk rows | alone msg/s "
+        "| beside live msg/s | drain ratio | live rows | live p50 ms | p95 | p99 | max "
+        "| full GCs of relay 1 (mean ms, over 10 ms) | load before (alone / beside) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in records if r.get("kind") != "insert_cost"):
         lines.append(
-            f"| {r['run']} | {_settings(r['settings'])} | {r['relays']} "
+            f"| {r['run']} | {r.get('build', 'this tree')} | {_settings(r['settings'])} "
+            f"| {r['relays']} "
             f"| {r.get('bulk_by', 'INSERT ... SELECT')} | {r['bulk_rows']:,} "
             f"| {r['alone_msg_per_s']:,.0f} "
             f"| {r['beside_live_msg_per_s']:,.0f} | {r['drain_ratio']} "
             f"| {r['live_rows_during_drain']} | {r['live_p50_ms']} | {r['live_p95_ms']} "
-            f"| {r['live_p99_ms']} | {r['live_max_ms']} | {r['load_before_alone'][0]} / "
+            f"| {r['live_p99_ms']} | {r['live_max_ms']} | {_gcs(r)} "
+            f"| {r['load_before_alone'][0]} / "
             f"{r['load_before_beside'][0]} |")
     cost = [r for r in records if r.get("kind") == "insert_cost"]
     if cost:
@@ -325,6 +335,12 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
         lines += [f"| {r['run']} | {r['table']} | {r['rows']:,} | {r['bulk_s']} "
                   f"| {r['one_row_commits_per_s']:,} | {r['load_before'][0]} |" for r in cost]
     return "\n".join(lines) + "\n"
+
+
+def _gcs(r: dict[str, Any]) -> str:
+    if "full_gcs" not in r:
+        return "not measured"
+    return f"{r['full_gcs']:.0f} ({r['full_gc_mean_ms']}, {r['full_gcs_over_10ms']:.0f})"
 
 
 def _settings(settings: dict[str, str]) -> str:
@@ -342,6 +358,9 @@ def main() -> None:
                     "help": "the bulk written by relay.spark.write_outbox (staged mode)"},
         "--insert-cost": {"action": "store_true",
                           "help": "first, what the xact column and its index cost producers"},
+        "--before-src": {"default": "",
+                         "help": "another checkout of the relay: each run with it, then this "
+                                 "tree's"},
         "--relay-setting": {"action": "append", "default": [],
                             "help": "NAME=VALUE for the relays, e.g. EXPRESS_LANE=false"},
     })
@@ -350,8 +369,8 @@ def main() -> None:
         args.rows, args.live_rate, relays=[int(n) for n in args.relays.split(",") if n],
         runs=args.runs,
         quiet_below=args.quiet_below, settings=settings, with_insert_cost=args.insert_cost,
-        spark=args.spark))
-    run.write(args.out, report(records, run))
+        spark=args.spark, before_src=args.before_src))
+    run.write(args.out, report(records, run, args.before_src))
 
 
 

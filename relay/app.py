@@ -217,6 +217,7 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
     worker_task = asyncio.ensure_future(_worker_main(settings, worker, outbox, supervisors))
     try:
         if metrics is not None:
+            services.hold(metrics.watch_gc())
             poller = services.start(
                 BacklogPoller(outbox.backlog, metrics, settings.backlog_poll_interval_s))
             services.hold(await start_http(
