@@ -29,6 +29,9 @@ class OutboxRow(NamedTuple):
     attempts: int
     created_at_s: float | None = None  # epoch seconds (database clock), for the age metric
     ordering_key: str | None = None
+    # Bytes of content the claim left in the database (over RELAY_MAX_MESSAGE_BYTES); content
+    # is then None and the row is parked as too large.
+    withheld: int | None = None
 
 
 @dataclass(slots=True)
@@ -249,6 +252,8 @@ class ClaimOptions:
     block_on_dead: bool = False
     fence: bool = False
     max_bytes: int = 24 * 1024 * 1024  # content and options of one batch (RELAY_BATCH_MAX_BYTES)
+    # Content over this stays in the database; the row comes with its size (RELAY_MAX_MESSAGE_BYTES)
+    max_message_bytes: int = 16 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ClaimOptions:
@@ -260,4 +265,5 @@ class ClaimOptions:
             block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
             fence=settings.mode is RelayMode.SINGLE_ACTIVE,
             max_bytes=settings.batch_max_bytes,
+            max_message_bytes=settings.max_message_bytes,
         )

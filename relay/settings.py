@@ -134,7 +134,8 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=1,
-        description="Bytes: a row whose content is larger goes straight to dead letters. Keep it "
+        description="Bytes: a row whose content is larger goes straight to dead letters "
+        "(too_large), its content never read out of the database. Keep it "
         "at or below the broker's max_message_size (RabbitMQ: 16 MiB from 4.0, 128 MiB before).",
     )
     on_success: OnSuccess = Field(

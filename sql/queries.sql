@@ -161,6 +161,10 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- The byte budget: the batch's first row always goes, then rows while the bytes so far
 -- (content and options) are under it; unkeyed rows past it stay locked, untouched, until this
 -- transaction ends. Content comes as UTF-8 bytes: the message body as it is, never a str.
+-- $8: a row whose content is larger (RELAY_MAX_MESSAGE_BYTES) comes without it, its size in
+-- `withheld`: the relay parks it (too_large) in this transaction, and its content never leaves
+-- the server (a row of hundreds of MiB would take the relay past its memory limit, every
+-- replica in turn). Such a row still counts against the byte budget: it ends its batch.
 -- $6 goes through a materialized CTE, so that the plan is the same whatever its value: the
 -- server then keeps one generic plan instead of planning every claim again.
 WITH turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
@@ -226,19 +230,25 @@ keyed_after AS (
          {claim_keyed_fn}(CASE WHEN NOT t.keyed_first THEN r.n_rows::integer END, $2::integer,
                           $3::boolean, r.n_bytes::bigint) AS f
     WHERE NOT t.keyed_first AND r.n_rows > 0 AND r.n_bytes > 0)
-SELECT * FROM keyed_first
-UNION ALL
-SELECT * FROM unkeyed
-UNION ALL
-SELECT * FROM keyed_after
+SELECT c.id, c.exchange, c.routing_key,
+       CASE WHEN octet_length(c.content) <= $8 THEN c.content END AS content,
+       c.options, c.attempts, c.created_at_s, c.seq, c.ordering_key,
+       CASE WHEN octet_length(c.content) > $8 THEN octet_length(c.content) END AS withheld
+FROM (SELECT * FROM keyed_first
+      UNION ALL
+      SELECT * FROM unkeyed
+      UNION ALL
+      SELECT * FROM keyed_after) AS c
 
 -- name: claim_express
 -- The express lane (relay/loop/express.py): the fair round of `claim` alone, for rows that
 -- newer transactions committed while a backlog drains: a share from each of the newest
 -- transactions newer than $4 (the newest when the drain began), at most $1 rows, about $2
--- bytes (the first row always goes), from seq $3 up.
-SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
-       w.seq, w.ordering_key
+-- bytes (the first row always goes), from seq $3 up; content over $5 bytes withheld (claim).
+SELECT w.id, w.exchange, w.routing_key,
+       CASE WHEN octet_length(w.content) <= $5 THEN w.content END AS content,
+       w.options, w.attempts, w.created_at_s, w.seq, w.ordering_key,
+       CASE WHEN octet_length(w.content) > $5 THEN octet_length(w.content) END AS withheld
 FROM (SELECT c.*,
              sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
                  OVER (ORDER BY c.seq)
@@ -264,8 +274,11 @@ SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed
 -- or not, except keyed rows behind an earlier row of their key that is not due (retrying or
 -- delayed) or, with block ($2), whose key has a dead letter. Bounded by bytes ($3) as
--- claim_batch is.
-SELECT id, exchange, routing_key, content, options, attempts, seq, ordering_key, created_at_s
+-- claim is; content over $4 bytes withheld as in claim.
+SELECT id, exchange, routing_key,
+       CASE WHEN octet_length(content) <= $4 THEN content END AS content,
+       options, attempts, seq, ordering_key, created_at_s,
+       CASE WHEN octet_length(content) > $4 THEN octet_length(content) END AS withheld
 FROM (SELECT c.*,
              sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
                  OVER (ORDER BY c.seq)

@@ -89,6 +89,29 @@ class Encoder:
 
     def build(self, row: OutboxRow) -> Message | Fault:
         """The row's message, or the reason it can never be published as it is."""
+        body = self._body(row)
+        if isinstance(body, Fault):
+            return body
+        try:
+            props = parse_options(row.options)
+        except InvalidRow as exc:
+            return Fault(Reason.INVALID_OPTION, str(exc))
+        mandatory = self.mandatory if props.mandatory is None else props.mandatory
+        # A NULL routing key (classic tables allow it) means the empty key, as in amqplib.
+        message = Message(row.id, row.exchange or "", row.routing_key or "", body, props,
+                          mandatory)
+        fault = self.check(message)
+        if fault is not None:
+            return fault
+        message.checked = True
+        return message
+
+    def _body(self, row: OutboxRow) -> bytes | Fault:
+        """The row's body, or why it has none to send: content the claim left in the database
+        or over the limit (too large), a NULL body or exchange (a table of the classic shape
+        allows them)."""
+        if row.withheld is not None:
+            return self._too_large(row.withheld, " (the content stayed in the database)")
         if row.content is None:
             return Fault(Reason.INVALID_ROW, "content: NULL (a message needs a body; insert "
                          "JSON, e.g. 'null'::jsonb)")
@@ -97,20 +120,12 @@ class Encoder:
         # The store hands UTF-8 bytes (no copy); a str (tests, tools) is encoded.
         body = row.content if isinstance(row.content, bytes) else row.content.encode()
         if len(body) > self.max_message_bytes:
-            return Fault(Reason.TOO_LARGE, f"content: {len(body)} bytes exceeds the maximum "
-                         f"message size ({self.max_message_bytes} bytes, RELAY_MAX_MESSAGE_BYTES)")
-        try:
-            props = parse_options(row.options)
-        except InvalidRow as exc:
-            return Fault(Reason.INVALID_OPTION, str(exc))
-        mandatory = self.mandatory if props.mandatory is None else props.mandatory
-        # A NULL routing key (classic tables allow it) means the empty key, as in amqplib.
-        message = Message(row.id, row.exchange, row.routing_key or "", body, props, mandatory)
-        fault = self.check(message)
-        if fault is not None:
-            return fault
-        message.checked = True
-        return message
+            return self._too_large(len(body))
+        return body
+
+    def _too_large(self, size: int, where: str = "") -> Fault:
+        return Fault(Reason.TOO_LARGE, f"content: {size} bytes exceeds the maximum message "
+                     f"size ({self.max_message_bytes} bytes, RELAY_MAX_MESSAGE_BYTES){where}")
 
     def check(self, message: Message) -> Fault | None:
         """Why the broker would refuse this message's method or header frame, if it would.

@@ -131,18 +131,20 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     if express:
         start = floor.start() if floor is not None else SWEEP
         records = list(await conn.fetch(q["claim_express"], limit, opts.max_bytes, start,
-                                        None if after is None else str(after)))
+                                        None if after is None else str(after),
+                                        opts.max_message_bytes))
     elif opts.fence:
         # single-active: one claimer at a time, so plain seq order keeps every key's order.
         await conn.execute(q["single_active_fence"])
         records = list(await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead,
-                                        opts.max_bytes))
+                                        opts.max_bytes, opts.max_message_bytes))
     else:
         start = floor.start() if floor is not None else SWEEP
         started = time.monotonic()
         records = list(await conn.fetch(q["claim"], limit, opts.keys_per_batch,
                                         opts.block_on_dead, opts.max_bytes, start, keyed_first,
-                                        None if upto is None else str(upto)))
+                                        None if upto is None else str(upto),
+                                        opts.max_message_bytes))
         if floor is not None:
             unkeyed = [r["seq"] for r in records if r["ordering_key"] is None]
             floor.claimed(start, min(unkeyed) if unkeyed else None, time.monotonic() - started)
@@ -152,7 +154,7 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
         # attempts is producer-writable: a negative count reads as none made yet.
         OutboxRow(r["id"], r["exchange"], r["routing_key"], r["content"], r["options"],
                   max(r["attempts"], 0), created_at_s=r["created_at_s"],
-                  ordering_key=r["ordering_key"])
+                  ordering_key=r["ordering_key"], withheld=r["withheld"])
         for r in records
     ]
     return rows, used >= opts.max_bytes

@@ -12,6 +12,7 @@ from tests.helpers import pg_session
 CLAIM = Queries(TableNames(None, "queue_message", "queue_message_notify"))["claim"]
 KEYS_PER_BATCH = 16
 NO_BYTE_LIMIT = 1 << 30
+MAX_MESSAGE = 16 << 20  # RELAY_MAX_MESSAGE_BYTES
 
 
 async def _claimed(conn: asyncpg.Connection, limit: int, keyed_first: bool,
@@ -22,7 +23,7 @@ async def _claimed(conn: asyncpg.Connection, limit: int, keyed_first: bool,
     await tx.start()
     try:
         rows = await conn.fetch(CLAIM, limit, KEYS_PER_BATCH, False, max_bytes, SWEEP,
-                                keyed_first, None)
+                                keyed_first, None, MAX_MESSAGE)
         locks = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
             "AND pid = pg_backend_pid()")
@@ -102,7 +103,8 @@ async def _claim_reading(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record]
     await tx.start()
     try:
         before = int(await conn.fetchval(count))
-        rows = await claim.fetch(500, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, None)
+        rows = await claim.fetch(500, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, None,
+                                     MAX_MESSAGE)
         read = int(await conn.fetchval(count)) - before
     finally:
         await tx.rollback()
@@ -131,9 +133,10 @@ async def test_claim__the_express_lane_takes_newer_transactions_and_the_drain_th
         await tx.start()
         try:
             drain = {r["seq"] for r in await conn.fetch(
-                CLAIM, 100, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, str(base))}
+                CLAIM, 100, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, str(base),
+                MAX_MESSAGE)}
             lane = {r["seq"] for r in await conn.fetch(
-                express, 64, NO_BYTE_LIMIT, SWEEP, str(base))}
+                express, 64, NO_BYTE_LIMIT, SWEEP, str(base), MAX_MESSAGE)}
         finally:
             await tx.rollback()
     assert len(drain) == 100

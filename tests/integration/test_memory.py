@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import Consumer, Env, count_rows, pg_execute, pg_session, wait_until
+from tests.helpers import (
+    Consumer,
+    Env,
+    count_rows,
+    pg_execute,
+    pg_fetch,
+    pg_session,
+    wait_until,
+)
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "deployment.yaml"
 
@@ -98,3 +106,46 @@ async def test_claims_of_every_kind__stop_at_the_byte_budget_and_keep_key_order(
     assert max(claimed) <= 3, claimed
     if keyed:
         assert [json.loads(m.body)["n"] for m in consumer.messages] == list(range(1, 13))
+
+
+@pytest.mark.parametrize(("mode", "keyed"), [("parallel", False), ("parallel", True),
+                                             ("single-active", False)])
+async def test_rows_over_the_message_limit__parked_as_too_large_without_leaving_postgresql(
+    env: Env, consumer: Consumer, start_relay, mode: str, keyed: bool
+) -> None:
+    """A 150 MiB row took a relay with the defaults to 358 MiB before it parked the row; a
+    larger one, or two on two lanes, passed the Deployment's limit: OOM-killed, and the next
+    replica claimed the same lowest-seq row and died too. Rows over RELAY_MAX_MESSAGE_BYTES
+    are parked by the claim's transaction; their content never reaches the relay."""
+    big = {150: '"' + "b" * (150 * 1024 * 1024 - 2) + '"',
+           60: '"' + "m" * (60 * 1024 * 1024 - 2) + '"'}
+    key = "k" if keyed else None
+    async with pg_session(env.pg_dsn) as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "SELECT $1, $2, jsonb_build_object('n', g) FROM generate_series(1, 500) g",
+            env.exchange, env.routing_key)
+        for size in (150, 60, 60):
+            await conn.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+                "VALUES ($1, $2, $3::jsonb, $4)", env.exchange, env.routing_key, big[size], key)
+        await conn.execute(
+            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+            "SELECT $1, $2, jsonb_build_object('n', 500 + g), $3 "
+            "FROM generate_series(1, 500) g", env.exchange, env.routing_key, key)
+    relay = start_relay(poll_interval_s=1, mode=mode, leader_poll_interval_s=0.2)
+    await consumer.wait_for(1000, timeout_s=120)
+    await wait_until(lambda: _empty(env), what="an empty outbox", timeout_s=60)
+    peak = _peak_rss_bytes(relay.pid)
+    print(f"relay peak RSS {peak / 2**20:.0f} MiB")
+    # The relay's idle size is ~90 MiB; one 60 MiB body in memory would show.
+    assert peak < 160 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB: a large row's content " \
+        "reached the relay"
+    parked = await pg_fetch(env.pg_dsn, "SELECT reason, octet_length(content::text) AS size "
+                            "FROM queue_message_dead ORDER BY size DESC")
+    assert [r["reason"].split(":")[0] for r in parked] == ["too_large"] * 3, parked
+    assert [r["size"] for r in parked] == [150 * 2**20, 60 * 2**20, 60 * 2**20]
+    assert "RELAY_MAX_MESSAGE_BYTES" in parked[0]["reason"]
+    assert sorted(json.loads(m.body)["n"] for m in consumer.messages) == list(range(1, 1001))
+    assert consumer.duplicates() == 0
+    assert relay.alive()

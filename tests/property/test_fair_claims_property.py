@@ -91,7 +91,8 @@ async def _run(dsn: str, mix: list[Txn]) -> None:
             remaining = set(rows) - set(claimed_in)
             async with conn.transaction():
                 got = [r["seq"] for r in await conn.fetch(
-                    claim, BATCH, KEYS_PER_BATCH, False, 1 << 30, SWEEP, keyed_first, None)]
+                    claim, BATCH, KEYS_PER_BATCH, False, 1 << 30, SWEEP, keyed_first, None,
+                    16 << 20)]
                 await conn.execute("DELETE FROM queue_message WHERE seq = ANY($1::bigint[])",
                                    got)
             assert len(got) == len(set(got)) <= BATCH, f"round {round_no}: {got}"
