@@ -6,6 +6,17 @@
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(hashtext('outbox-relay:migrate'))
 
+-- name: outbox_lock_holders
+-- Sessions holding a lock on the outbox table (what keeps `relay migrate` waiting), oldest
+-- transaction first; the query text is left out (it may hold data).
+SELECT a.pid, a.usename, a.state,
+       EXTRACT(EPOCH FROM now() - COALESCE(a.xact_start, a.backend_start))::float8 AS age_s
+FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.granted AND l.relation = {table_oid} AND a.pid <> pg_backend_pid()
+GROUP BY a.pid, a.usename, a.state, a.xact_start, a.backend_start
+ORDER BY age_s DESC
+LIMIT 5
+
 -- name: create_migrations_table
 CREATE TABLE IF NOT EXISTS {migrations} (
     target     text NOT NULL,

@@ -122,7 +122,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                     print(f"roles: would grant {args.producer_role}, {args.relay_role} and "
                           f"{args.spark_role}")
                 return EXIT_PENDING if args.check and not todo.up_to_date else EXIT_OK
-            applied = await migrate(conn, table_names(settings), requested)
+            applied = await migrate(conn, table_names(settings), requested,
+                                    lock_wait_s=args.lock_wait_s)
             if args.roles:
                 from relay.pg.roles import apply_roles
 
@@ -259,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     mig.add_argument("--wait-s", type=float, default=0.0, metavar="SECONDS",
                      help="with --check: check again every 2 s until up to date, for at most "
                           "this long (an init container waiting for the migrate Job)")
+    mig.add_argument("--lock-wait-s", type=float, default=300.0, metavar="SECONDS",
+                     help="when a change is due and other sessions hold the outbox: try again "
+                          "(each try waits at most 0.3 s for the lock, so producers are never "
+                          "held up longer) for at most this long (default 300)")
     mig.add_argument("--dry-run", action="store_true",
                      help="change nothing; print what would be applied")
     mig.add_argument("--roles", action="store_true",

@@ -6,6 +6,8 @@ installed notify mode is kept unless one is asked for explicitly.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -71,39 +73,87 @@ async def plan(conn: asyncpg.Connection, names: TableNames,
     return Plan(pending, installed, chosen)
 
 
+# Each attempt's DDL waits this long for its lock on the live outbox; producers' INSERTs queue
+# behind a waiting ACCESS EXCLUSIVE request, so a longer wait would stall their transactions.
+LOCK_TIMEOUT_MS = 300
+# Between attempts: from this, doubling, up to RETRY_MAX_S.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
+
+
 async def migrate(conn: asyncpg.Connection, names: TableNames,
-                  notify: NotifyMode | None = None) -> list[str]:
+                  notify: NotifyMode | None = None, *, lock_wait_s: float = 300.0) -> list[str]:
     """Apply pending migrations and install the trigger; return the versions applied.
 
     `notify` None keeps the mode installed on the table (the default for a new table is
     conditional). One transaction holds a transaction-level advisory lock, so concurrent runs
     wait for each other and the second finds nothing left to do.
+
+    Nothing to apply and the trigger mode kept: nothing is changed and no lock is taken on the
+    outbox. Otherwise the DDL waits at most LOCK_TIMEOUT_MS for its lock (a reader of the
+    outbox holds it off, and every producer's INSERT would queue behind the waiting DDL), and
+    the whole attempt is retried until `lock_wait_s` has passed.
     """
+    deadline = time.monotonic() + lock_wait_s
+    pause = RETRY_FIRST_S
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await _migrate_once(conn, names, notify)
+        except asyncpg.LockNotAvailableError as exc:
+            holders = await _lock_holders(conn, names)
+            if time.monotonic() + pause > deadline:
+                raise DatabaseError(
+                    f"migration not applied: the outbox stayed locked by other sessions for "
+                    f"{lock_wait_s:.0f} s ({attempts} attempts; holding it: {holders}); nothing "
+                    "was changed. End those sessions or run `relay migrate` again later "
+                    "(--lock-wait-s sets how long it tries)") from exc
+            log.warning("migration_waiting_for_lock", table=target_of(names),
+                        attempt=attempts, retry_in_s=pause, holders=holders)
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"migration failed: {exc!r}") from exc
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, RETRY_MAX_S)
+
+
+async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
+                        notify: NotifyMode | None) -> list[str]:
     q = Queries(names)
     target = target_of(names)
     applied_now: list[str] = []
-    try:
-        async with conn.transaction():
-            await conn.execute(q["migration_lock"])
-            # Before any look-up: a DDL statement makes this backend read the catalog changes
-            # that the run we waited for committed. to_regclass() alone takes no lock and may
-            # answer from a stale catalog cache ("no migrations table"), applying all again.
-            await conn.execute(q["create_migrations_table"])
-            todo = await plan(conn, names, notify)
-            for path in migration_files():
-                version = path.stem
-                if version not in todo.pending:
-                    continue
-                await conn.execute(names.render(path.read_text(encoding="utf-8")))
-                await conn.execute(q["record_migration"], target, version)
-                applied_now.append(version)
-                log.info("migration_applied", version=version, table=target)
-            await conn.execute(q[f"install_trigger_{todo.notify.value}"])
-            if todo.notify is not NotifyMode.OFF:
-                await conn.execute(
-                    q["mark_notify_mode"].replace("{notify_mode}", todo.notify.value))
-            # Relays follow the installed mode: wake them (at commit) so they re-read it.
-            await conn.execute(q["announce_notify_mode"])
-    except DB_ERRORS as exc:
-        raise DatabaseError(f"migration failed: {exc}") from exc
+    async with conn.transaction():
+        await conn.execute(q["migration_lock"])
+        # Before any look-up: a DDL statement makes this backend read the catalog changes
+        # that the run we waited for committed. to_regclass() alone takes no lock and may
+        # answer from a stale catalog cache ("no migrations table"), applying all again.
+        await conn.execute(q["create_migrations_table"])
+        todo = await plan(conn, names, notify)
+        if todo.up_to_date:
+            return applied_now
+        await conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+        for path in migration_files():
+            version = path.stem
+            if version not in todo.pending:
+                continue
+            await conn.execute(names.render(path.read_text(encoding="utf-8")))
+            await conn.execute(q["record_migration"], target, version)
+            applied_now.append(version)
+            log.info("migration_applied", version=version, table=target)
+        await conn.execute(q[f"install_trigger_{todo.notify.value}"])
+        if todo.notify is not NotifyMode.OFF:
+            await conn.execute(
+                q["mark_notify_mode"].replace("{notify_mode}", todo.notify.value))
+        # Relays follow the installed mode: wake them (at commit) so they re-read it.
+        await conn.execute(q["announce_notify_mode"])
     return applied_now
+
+
+async def _lock_holders(conn: asyncpg.Connection, names: TableNames) -> str:
+    """The sessions holding a lock on the outbox, for the message: pid, user, state, since."""
+    try:
+        rows = await conn.fetch(Queries(names)["outbox_lock_holders"])
+    except DB_ERRORS as exc:
+        return f"unknown ({exc})"
+    return "; ".join(f"pid {r['pid']} ({r['usename']}, {r['state']}, for {r['age_s']:.0f} s)"
+                     for r in rows) or "none now"

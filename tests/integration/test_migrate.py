@@ -3,9 +3,13 @@ nothing, and `relay run` refuses a schema older than it needs."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import time
 
-from tests.helpers import RELAY_BIN, Env, pg_fetchval, pg_session
+import pytest
+
+from tests.helpers import RELAY_BIN, Env, pg_execute, pg_fetchval, pg_session
 
 
 def _env(pg_dsn: str, amqp_url: str) -> Env:
@@ -129,3 +133,66 @@ async def test_migrate_roles__a_bad_role_name_stops_it_before_anything_is_applie
     assert done.returncode == 2
     assert "role name 'bad name'" in done.stderr
     assert await pg_fetchval(empty_db, "SELECT to_regclass('queue_message')") is None
+
+
+async def _insert_while(env: Env, migrate: asyncio.Task[subprocess.CompletedProcess[str]]
+                        ) -> float:
+    """Seconds a producer's one-row INSERT took to commit while `migrate` runs."""
+    await asyncio.sleep(1.0)  # the migrate process connected and did what it does first
+    started = time.monotonic()
+    await asyncio.wait_for(pg_execute(
+        env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content) "
+        "VALUES ('x', 'rk', '{}')"), timeout=30)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("notify", [None, "always"])
+async def test_migrate__a_reader_of_the_outbox_never_locks_producers_out(
+    empty_db: str, amqp_url: str, notify: str | None
+) -> None:
+    """A reader transaction on the outbox (a report, pg_dump, a relay batch) and a routine
+    `relay migrate` on deploy: the migrate's lock request queued behind the reader, and every
+    producer's INSERT behind it: one waited 9.5 s, until the reader ended. With nothing to
+    change it takes no lock; with a change it waits with a short lock_timeout and retries."""
+    env = _env(empty_db, amqp_url)
+    assert relay(env, "migrate", notify="conditional").returncode == 0
+    settings = {} if notify is None else {"notify": notify}
+    async with pg_session(empty_db) as reader:
+        await reader.execute("BEGIN")
+        await reader.fetchval("SELECT count(*) FROM queue_message")
+        migrating = asyncio.ensure_future(asyncio.to_thread(relay, env, "migrate", **settings))
+        took = await _insert_while(env, migrating)
+        if notify is None:
+            # Nothing to change: done while the reader still reads, no lock taken.
+            await asyncio.wait_for(asyncio.shield(migrating), timeout=30)
+        else:
+            await asyncio.sleep(2.0)
+            assert not migrating.done(), "migrate changed the trigger under an open reader"
+        await reader.execute("ROLLBACK")
+    done = await asyncio.wait_for(migrating, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert took < 1.0, f"a producer's INSERT waited {took:.1f} s behind relay migrate"
+    assert await _installed_mode(empty_db) == (notify or "conditional")
+    if notify is None:
+        assert "already up to date" in done.stdout
+    else:
+        assert "migration_waiting_for_lock" in done.stdout + done.stderr
+
+
+async def test_migrate__an_outbox_locked_past_the_wait_stops_it_naming_the_holder(
+    empty_db: str, amqp_url: str
+) -> None:
+    env = _env(empty_db, amqp_url)
+    assert relay(env, "migrate", notify="conditional").returncode == 0
+    async with pg_session(empty_db) as reader:
+        await reader.execute("BEGIN")
+        await reader.fetchval("SELECT count(*) FROM queue_message")
+        pid = await reader.fetchval("SELECT pg_backend_pid()")
+        done = await asyncio.to_thread(relay, env, "migrate", "--lock-wait-s", "1",
+                                       notify="always")
+        await reader.execute("ROLLBACK")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "stayed locked by other sessions" in done.stderr
+    assert f"pid {pid} " in done.stderr
+    assert "Traceback" not in done.stderr
+    assert await _installed_mode(empty_db) == "conditional"
