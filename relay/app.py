@@ -58,6 +58,7 @@ def worker_config(settings: Settings) -> WorkerConfig:
         retry=RetryPolicy(settings.max_attempts, settings.retry_base_s, settings.retry_max_s),
         db_retry_max_s=settings.reconnect_max_s,
         ordering_block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
+        batch_max_bytes=settings.batch_max_bytes,
     )
 
 

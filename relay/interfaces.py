@@ -162,8 +162,10 @@ class ClaimedBatch(Protocol):
 class Store(Protocol):
     """What the worker needs from the database."""
 
-    def claim(self, limit: int) -> AbstractAsyncContextManager[ClaimedBatch]:
-        """Open a transaction and lock up to `limit` due rows; roll back unless committed."""
+    def claim(self, limit: int, *, max_bytes: int | None = None
+              ) -> AbstractAsyncContextManager[ClaimedBatch]:
+        """Open a transaction and lock up to `limit` due rows (and about `max_bytes` of them,
+        when less than the store's own byte budget); roll back unless committed."""
 
     async def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest delayed row is due; None when there is none."""

@@ -32,6 +32,7 @@ _HEADER_START = struct.Struct(">BHIHHQ")  # frame type, channel, size, class, we
 _BODY_START = struct.Struct(">BHI")
 
 PENDING, ACKED, NACKED = 0, 1, 2
+NOT_SENT = 5  # a tag given back: the pass stopped writing before this message (TagRange.trim)
 # A batch goes to the connection's writer in pieces of about this size, each awaited (drained)
 # before the next: memory holds one piece, not a copy of the whole batch.
 CHUNK_BYTES = 1 << 20
@@ -145,25 +146,44 @@ class FrameEncoder:
 
     def encode(self, messages: Sequence[Message]) -> bytes:
         """Method, header and body frames of every message, in order, as one write."""
-        return b"".join(self.encode_chunks(messages, chunk_bytes=None))
+        return b"".join(c.payload for c in self.encode_chunks(messages, chunk_bytes=None))
 
     def encode_chunks(self, messages: Sequence[Message],
-                      chunk_bytes: int | None = CHUNK_BYTES) -> Iterator[bytes]:
+                      chunk_bytes: int | None = CHUNK_BYTES) -> Iterator[Chunk]:
         """The same frames in writes of about `chunk_bytes` (whole frames each, in order), so
-        a batch of large messages is never one more copy of all its bodies in memory."""
+        a batch of large messages is never one more copy of all its bodies in memory.
+
+        A message no larger than `chunk_bytes` is never split between two writes, so a pass
+        that must stop writing (its deadline) can stop between writes with every message
+        either wholly written or not at all; only a larger message is split, frame by frame."""
         parts: list[bytes] = []
-        size = 0
+        size = ended = 0
         for m in messages:
             frames = [self.method_frame(m.exchange, m.routing_key, m.mandatory),
                       self.header_frame(m)]
+            large = chunk_bytes is not None and len(m.body) > chunk_bytes
             for frame in itertools.chain(frames, self._body_frames(m.body) if m.body else ()):
                 parts.append(frame)
                 size += len(frame)
-                if chunk_bytes is not None and size >= chunk_bytes:
-                    yield b"".join(parts)
-                    parts, size = [], 0
+                if large and chunk_bytes is not None and size >= chunk_bytes:
+                    yield Chunk(b"".join(parts), ended, whole=False)
+                    parts, size, ended = [], 0, 0
+            ended += 1
+            if chunk_bytes is not None and size >= chunk_bytes:
+                yield Chunk(b"".join(parts), ended, whole=True)
+                parts, size, ended = [], 0, 0
         if parts:
-            yield b"".join(parts)
+            yield Chunk(b"".join(parts), ended, whole=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One write of a pass: its frames, how many messages end in it, and whether it ends
+    where a message ends (the writer may stop after it without a message cut in two)."""
+
+    payload: bytes
+    ended: int
+    whole: bool
 
 
 @dataclass(eq=False, slots=True)
@@ -177,15 +197,25 @@ class TagRange:
     low: int = field(init=False)
     remaining: int = field(init=False)
 
+    count: int = field(init=False)
+
     def __post_init__(self) -> None:
         self.status = bytearray(len(self.ids))
         self.low = self.first
-        self.remaining = len(self.ids)
+        self.remaining = self.count = len(self.ids)
 
     @property
     def last(self) -> int:
         """The highest delivery tag of the batch."""
-        return self.first + len(self.ids) - 1
+        return self.first + self.count - 1
+
+    def trim(self, written: int) -> None:
+        """Only the first `written` messages went out: the others never get a tag."""
+        for i in range(written, self.count):
+            if self.status[i] == PENDING:
+                self.status[i] = NOT_SENT
+                self.remaining -= 1
+        self.count = written
 
     def settle_upto(self, tag: int, code: int) -> None:
         """A multiple ack/nack: every still-pending tag <= `tag` gets `code`."""
@@ -206,7 +236,7 @@ class TagRange:
     def settle_one(self, tag: int, code: int) -> None:
         """A single ack/nack."""
         i = tag - self.first
-        if 0 <= i < len(self.ids) and self.status[i] == PENDING:
+        if 0 <= i < self.count and self.status[i] == PENDING:
             self.status[i] = code
             self.remaining -= 1
 
@@ -221,6 +251,7 @@ class ConfirmTracker:
     def __init__(self) -> None:
         self.next_tag = 1
         self.ranges: deque[TagRange] = deque()
+        self.heard_at = 0.0  # loop time of the channel's last ack or nack
 
     def add(self, ids: list[str], on_done: Callable[[], None]) -> TagRange:
         """Reserve tags for a batch about to be written (in write order)."""
@@ -228,6 +259,15 @@ class ConfirmTracker:
         self.next_tag += len(ids)
         self.ranges.append(r)
         return r
+
+    def trim(self, r: TagRange, written: int) -> None:
+        """The newest batch stopped after `written` messages: the next batch's tags follow
+        them; a batch whose written messages were all confirmed already is done."""
+        r.trim(written)
+        self.next_tag = r.first + written
+        if r.remaining == 0 and r in self.ranges:
+            self.ranges.remove(r)
+            r.on_done()
 
     def discard(self, r: TagRange) -> None:
         """Stop tracking a batch (timed out); later confirms for its tags are ignored."""

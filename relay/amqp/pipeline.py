@@ -365,12 +365,13 @@ class Pipeline:
                 # again in this batch either: the deadline has passed.
                 result.unsent[m.id] = Reason.DEADLINE
             else:
-                blocked = self.connection.blocked
-                silent = silent or (status == TIMEOUT and waited_long and not blocked)
+                alive = self.connection.blocked or sent.others_heard
+                silent = silent or (status == TIMEOUT and waited_long and not alive)
                 unknown.append(m)
         if silent:
-            # Nothing was confirmed: a broker that stopped answering (a silent network cut),
-            # not these rows' fault. Drop the connection; the supervisor reconnects.
+            # Nothing was confirmed, on this pass or on the channel meanwhile: a broker that
+            # stopped answering (a silent network cut), not these rows' fault (a slow link
+            # still confirms other passes). Drop the connection; the supervisor reconnects.
             await self.connection.abandon("no confirm from the broker within the deadline")
         return unknown
 

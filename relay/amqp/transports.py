@@ -24,12 +24,20 @@ from pamqp import commands as spec
 
 from relay.amqp import compat
 from relay.amqp.encoder import amqp_properties, publish_method, returned_row_id
-from relay.amqp.frames import ACKED, NACKED, PENDING, ConfirmTracker, FrameEncoder, TagRange
+from relay.amqp.frames import (
+    ACKED,
+    NACKED,
+    NOT_SENT,
+    PENDING,
+    ConfirmTracker,
+    FrameEncoder,
+    TagRange,
+)
 from relay.interfaces import Message
 
 log = structlog.get_logger("relay.amqp.transports")
 
-TIMEOUT, LOST, NOT_SENT = 3, 4, 5  # beside frames.ACKED and frames.NACKED
+TIMEOUT, LOST = 3, 4  # beside frames.ACKED, NACKED and NOT_SENT
 
 
 @dataclass(slots=True)
@@ -40,6 +48,9 @@ class Sent:
     returned: dict[str, str] = field(default_factory=dict)  # row id -> why it came back
     closed_by_broker: str | None = None  # the broker closed the channel: its reason
     waited_s: float = 0.0  # how long the pass waited for confirms
+    # The broker confirmed messages of other passes on the channel while this one waited: it
+    # is alive, and this pass's confirms are behind them (a slow link), not lost.
+    others_heard: bool = False
 
     @property
     def heard(self) -> bool:
@@ -168,7 +179,7 @@ class PerMessage:
 
 
 class _PartlyWritten(Exception):
-    """Some pieces of a batch reached the writer, then it stopped taking more."""
+    """The writer stopped taking pieces inside a message split over several of them."""
 
 
 async def _close_quietly(raw: Any) -> None:
@@ -219,6 +230,7 @@ class Bulk:
 
         def on_confirm(frame: spec.Basic.Ack | spec.Basic.Nack) -> None:
             code = ACKED if isinstance(frame, spec.Basic.Ack) else NACKED
+            tracker.heard_at = asyncio.get_running_loop().time()
             tracker.on_confirm(frame.delivery_tag, bool(frame.multiple), code)
 
         compat.hook_confirms(raw, on_confirm)
@@ -237,27 +249,41 @@ class Bulk:
             if not done.done():
                 done.set_result(None)
 
-        async with channel.write_lock:
+        try:
+            # Other lanes' passes write on this channel one at a time: a pass that cannot
+            # start writing by its deadline sends nothing.
+            await asyncio.wait_for(channel.write_lock.acquire(),
+                                   timeout=max(deadline - loop.time(), 0))
+        except TimeoutError:
+            return Sent([NOT_SENT] * len(messages))
+        try:
             if channel.closed:
                 return Sent([LOST] * len(messages))
             tags = channel.tracker.add([m.id for m in messages], finished)
             try:
-                drain = await self._write(channel, messages, deadline)
+                drain, written = await self._write(channel, messages, deadline)
             except BaseException as exc:
                 if isinstance(exc, _PartlyWritten):
-                    # Part of the batch is with the writer: the tags no longer match what
-                    # the broker will count. Close the channel (every unconfirmed delivery
-                    # on it is not published) and let the pipeline reopen it.
-                    channel.tracker.discard(tags)
+                    # The deadline came inside a message larger than a write: a message cut
+                    # in two cannot be taken back, so the channel closes (what the broker
+                    # confirmed before stays confirmed) and the pipeline reopens it.
                     await _close_quietly(channel.raw)
-                    return Sent([LOST] * len(messages))
+                    channel.tracker.discard(tags)
+                    return self._settle(channel, messages, tags, False, 0.0)
                 # Not written: give the tags back so the next pass's numbering stays exact.
                 channel.tracker.next_tag = tags.first
                 channel.tracker.discard(tags)
                 if isinstance(exc, TimeoutError):  # the writer is stuck (blocked, or a dead
                     return Sent([NOT_SENT] * len(messages))  # socket): nothing went out
                 raise
+            if written < len(messages):
+                # The deadline came between two writes: what went out keeps its tags and its
+                # confirms (the channel stays open for the other lanes); the rest is not sent.
+                channel.tracker.trim(tags, written)
+        finally:
+            channel.write_lock.release()
         timed_out, started = False, loop.time()
+        heard_before = channel.tracker.heard_at
         try:
             await asyncio.wait_for(asyncio.shield(done), timeout=max(deadline - loop.time(), 0))
         except TimeoutError:
@@ -268,27 +294,36 @@ class Bulk:
                 channel.tracker.discard(tags)
             if not drain.done():
                 drain.cancel()
-        return self._settle(channel, messages, tags, timed_out, loop.time() - started)
+        sent = self._settle(channel, messages, tags, timed_out, loop.time() - started)
+        sent.others_heard = channel.tracker.heard_at > heard_before
+        return sent
 
     @staticmethod
     async def _write(channel: _ConfirmChannel, messages: Sequence[Message],
-                     deadline: float) -> asyncio.Future[None]:
+                     deadline: float) -> tuple[asyncio.Future[None], int]:
         """Hand the batch to the connection's writer piece by piece, each piece drained to
-        the socket before the next is encoded; return the last piece's drain future."""
+        the socket before the next is encoded, until the deadline; return the last piece's
+        drain future and how many messages were handed over whole (a slow link: the rest
+        waits for a later batch). TimeoutError: not even the first piece was taken;
+        _PartlyWritten: the deadline came inside a message split over several pieces."""
         loop = asyncio.get_running_loop()
         drain: asyncio.Future[None] | None = None
-        for index, chunk in enumerate(channel.encoder.encode_chunks(messages)):
+        written, whole = 0, True
+        for chunk in channel.encoder.encode_chunks(messages):
             try:
                 if drain is not None:
                     await asyncio.wait_for(asyncio.shield(drain),
                                            max(deadline - loop.time(), 0))
-                drain = await compat.write(channel.raw, chunk, deadline - loop.time())
+                taken = await compat.write(channel.raw, chunk.payload, deadline - loop.time())
             except TimeoutError:
-                if index:
+                if drain is None:
+                    raise
+                if not whole:
                     raise _PartlyWritten from None
-                raise
+                return drain, written
+            drain, written, whole = taken, written + chunk.ended, chunk.whole
         assert drain is not None
-        return drain
+        return drain, written
 
     def _settle(self, channel: _ConfirmChannel, messages: Sequence[Message], tags: TagRange,
                 timed_out: bool, waited_s: float) -> Sent:

@@ -41,6 +41,7 @@ class BatchPlan:
     publish_budget_s: float
     retry: RetryPolicy
     block_on_dead: bool = False
+    max_bytes: int | None = None  # a lane's byte budget (relay/loop/budget.py); None: the store's
 
 
 @dataclass(slots=True)
@@ -72,7 +73,7 @@ async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan,
     started_ns = time.time_ns()
     span = NO_BATCH
     try:
-        async with store.claim(plan.batch_size) as claim:
+        async with store.claim(plan.batch_size, max_bytes=plan.max_bytes) as claim:
             rows = claim.rows
             if not rows:
                 await claim.commit()

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
 from relay.errors import DatabaseError
 from relay.interfaces import BatchObserver, ExpressStore, Kind, NoMetrics, Publisher, Store
 from relay.loop.batch import BatchPlan, BatchReport, run_batch
+from relay.loop.budget import LaneBytes
 from relay.loop.express import EXPRESS_ROWS, ExpressLane
 from relay.loop.retry import RetryPolicy
 from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate, in_flow
@@ -37,6 +38,7 @@ class WorkerConfig:
     )
     db_retry_max_s: float = 30.0
     ordering_block_on_dead: bool = False
+    batch_max_bytes: int = 24 * 1024 * 1024
 
 
 class Worker:
@@ -219,6 +221,7 @@ class Worker:
             raise
 
     async def _lane_batches(self, failed: asyncio.Event) -> None:
+        budget = LaneBytes(self.config.batch_max_bytes, self.config.publish_budget_s)
         while not self.stopping and not failed.is_set():
             if not self.publisher.ready:
                 # Hand the sleeper role to a replica that can publish meanwhile.
@@ -232,7 +235,7 @@ class Worker:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), timeout=0.2)
                     continue
-            claimed = await self.run_batch()
+            claimed = await self.run_batch(budget)
             # A keyed claim is also bounded by the keys per batch, so a short batch with keyed
             # rows does not mean the backlog is empty: only an empty claim says that.
             if self._short(claimed):
@@ -262,10 +265,15 @@ class Worker:
                 task.cancel()
             await asyncio.gather(ready, stop, return_exceptions=True)
 
-    async def run_batch(self) -> int:
-        """Run one batch (relay/loop/batch.py); return the number of rows claimed."""
-        report = await run_batch(self.store, self.publisher, self._plan(self.config.batch_size),
-                                 self._trace)
+    async def run_batch(self, budget: LaneBytes | None = None) -> int:
+        """Run one batch (relay/loop/batch.py) within a lane's byte `budget`; return the
+        number of rows claimed."""
+        plan = self._plan(self.config.batch_size)
+        if budget is not None:
+            plan = replace(plan, max_bytes=budget.now)
+        report = await run_batch(self.store, self.publisher, plan, self._trace)
+        if budget is not None:
+            budget.after(report)
         # Read by _lane right after this returns (no await in between, so lanes cannot mix).
         self._last_full_by_bytes = report.full_by_bytes
         self._last_had_keys = any(r.ordering_key is not None for r in report.rows)

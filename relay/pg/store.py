@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -250,11 +251,11 @@ class Outbox:
         return None if value is None else int(value)
 
     @asynccontextmanager
-    async def claim(self, limit: int, *, express: bool = False,
-                    after: int | None = None) -> AsyncIterator[_Claim]:
+    async def claim(self, limit: int, *, express: bool = False, after: int | None = None,
+                    max_bytes: int | None = None) -> AsyncIterator[_Claim]:
         """Lock up to `limit` due rows in a transaction; it rolls back unless committed.
         `express`: the fair round alone, of transactions newer than `after` (the express
-        lane)."""
+        lane); `max_bytes`: a lane's smaller byte budget (relay/loop/budget.py)."""
         try:
             conn = await self._pool.acquire()
         except DB_ERRORS as exc:
@@ -264,8 +265,11 @@ class Outbox:
                 await conn.execute("BEGIN")
                 if not express:
                     self._claims += 1
+                opts = self.claim_options
+                if max_bytes is not None and max_bytes < opts.max_bytes:
+                    opts = replace(opts, max_bytes=max_bytes)
                 records, full_by_bytes = await claim_records(
-                    conn, self.q, self.claim_options, limit, self._claims % 2 == 0,
+                    conn, self.q, opts, limit, self._claims % 2 == 0,
                     floor=self.floor, express=express, after=after, upto=self.fair_upto)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
@@ -343,9 +347,10 @@ class ExpressOutbox:
         self._after = value
         self._outbox.fair_upto = value
 
-    def claim(self, limit: int) -> AbstractAsyncContextManager[_Claim]:
+    def claim(self, limit: int, *, max_bytes: int | None = None
+              ) -> AbstractAsyncContextManager[_Claim]:
         """The fair round's rows of the newest transactions, locked in a transaction."""
-        return self._outbox.claim(limit, express=True, after=self.after)
+        return self._outbox.claim(limit, express=True, after=self.after, max_bytes=max_bytes)
 
     async def seconds_until_next_due(self) -> float | None:
         """As the outbox's."""

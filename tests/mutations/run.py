@@ -124,6 +124,20 @@ MUTATIONS: tuple[Mutation, ...] = (
              "::test_publish__a_late_confirm_while_the_broker_confirms_others_is_not_the_rows_fault",
     ),
     Mutation(
+        name="confirmed-thrown-away-at-deadline",
+        promise="A slow link makes progress: what the broker confirmed before a deadline is "
+                "kept, and no shared channel is closed for a deadline",
+        edits=(Edit(
+            "relay/amqp/transports.py",
+            r"(?P<i>[ \t]+)channel\.tracker\.trim\(tags, written\)\n",
+            r"\g<i>channel.tracker.discard(tags)\n"
+            r"\g<i>await _close_quietly(channel.raw)\n"
+            r"\g<i>return Sent([LOST] * len(messages))\n",
+        ),),
+        test="tests/unit/test_pipeline.py"
+             "::test_bulk_send__a_deadline_between_writes_keeps_what_was_confirmed_and_the_channel",
+    ),
+    Mutation(
         name="broker-loss-deletes-unsent",
         promise="No loss: rows whose publish a broker loss cut off stay in the outbox",
         edits=(Edit(

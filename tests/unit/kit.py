@@ -98,7 +98,8 @@ class FakeStore:
     fail_commit: BaseException | None = None
 
     @asynccontextmanager
-    async def claim(self, limit: int) -> AsyncIterator[FakeClaim]:
+    async def claim(self, limit: int, *, max_bytes: int | None = None
+                    ) -> AsyncIterator[FakeClaim]:
         self.claims += 1
         cap = limit if self.claim_cap is None else min(limit, self.claim_cap)
         free = [r for r in self.rows if r.id not in self.locked][:cap]

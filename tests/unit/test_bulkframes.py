@@ -10,7 +10,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from relay.amqp.encoder import amqp_properties
-from relay.amqp.frames import ACKED, NACKED, PENDING, ConfirmTracker, FrameEncoder
+from relay.amqp.frames import ACKED, NACKED, NOT_SENT, PENDING, ConfirmTracker, FrameEncoder
 from relay.interfaces import Message
 from relay.options import Properties
 
@@ -91,8 +91,17 @@ def test_encode_chunks__whole_frames_in_pieces_that_join_to_the_one_write() -> N
     messages = [Message(f"0b0c5a8e-0000-4000-8000-{i:012d}", "x", "rk",
                         b"y" * (300_000 if i % 3 == 0 else 50), shared, True) for i in range(12)]
     encoder = FrameEncoder(3, 131072, amqp_properties)
-    chunks = list(encoder.encode_chunks(messages, chunk_bytes=200_000))
+    pieces = list(encoder.encode_chunks(messages, chunk_bytes=200_000))
+    chunks = [p.payload for p in pieces]
     assert b"".join(chunks) == b"".join(_reference(m, 3, 131072) for m in messages)
+    assert sum(p.ended for p in pieces) == len(messages)
+    # A piece ends inside a message only when that message is larger than a piece.
+    ended = 0
+    for piece in pieces:
+        ended += piece.ended
+        if not piece.whole:
+            assert len(messages[ended].body) > 200_000
+    assert pieces[-1].whole
     assert len(chunks) >= 5
     for chunk in chunks:  # every piece parses as whole frames
         offset = 0
@@ -137,3 +146,30 @@ def test_encode__a_property_set_met_once_is_encoded_once() -> None:
     calls.clear()
     assert encoder.encode(repeated) == b"".join(_reference(m, 1, 4096) for m in repeated)
     assert len(calls) == 1 + 2  # the first in full, then the template's two stand-ins
+
+
+def test_trim__a_batch_cut_between_writes_keeps_its_written_tags_and_gives_back_the_rest() -> None:
+    """A pass that stopped writing at its deadline: the tags of what went out keep their
+    confirms, the rest are not sent, and the next batch's tags follow the written ones."""
+    tracker = ConfirmTracker()
+    done: list[str] = []
+    a = tracker.add(["a1", "a2", "a3", "a4"], lambda: done.append("a"))
+    tracker.on_confirm(1, False, ACKED)
+    tracker.trim(a, 2)
+    assert tracker.next_tag == 3
+    b = tracker.add(["b1"], lambda: done.append("b"))
+    assert b.first == 3
+    tracker.on_confirm(3, True, ACKED)  # multiple: a's tag 2 and b's tag 3
+    assert list(a.status) == [ACKED, ACKED, NOT_SENT, NOT_SENT]
+    assert list(b.status) == [ACKED]
+    assert done == ["a", "b"]
+
+
+def test_trim__a_batch_whose_written_part_was_confirmed_already_is_done() -> None:
+    tracker = ConfirmTracker()
+    done: list[str] = []
+    a = tracker.add(["a1", "a2", "a3"], lambda: done.append("a"))
+    tracker.on_confirm(1, False, ACKED)
+    tracker.trim(a, 1)
+    assert done == ["a"]
+    assert not tracker.ranges

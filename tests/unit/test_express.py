@@ -27,7 +27,7 @@ class _Store:
             raise DatabaseError("gone")
         return self.newest
 
-    def claim(self, limit: int):  # type: ignore[no-untyped-def]  # never called: see _Runner
+    def claim(self, limit: int, *, max_bytes: int | None = None):  # type: ignore[no-untyped-def]  # never called: see _Runner
         raise AssertionError
 
     async def seconds_until_next_due(self) -> float | None:

@@ -217,6 +217,27 @@ async def test_bulk_send__a_writer_that_takes_nothing_leaves_the_pass_not_sent()
     assert channel.tracker.next_tag == 1, "the tags are given back: numbering stays exact"
 
 
+async def test_bulk_send__a_deadline_between_writes_keeps_what_was_confirmed_and_the_channel(
+) -> None:
+    """A slow link: the pass's first write went out and its first message was confirmed when
+    the deadline came before the second write. The confirmed message stays confirmed, the
+    written one is late (its fate unknown), the rest is not sent, the shared channel stays
+    open and the next pass's tags follow the written messages. (Before: every message lost,
+    the confirmed one included, and the channel closed under the other lanes.)"""
+    bulk, channel = _bulk()
+    big = [Message(f"b{i}", "x", "rk", b"y" * 600_000, BATCH[0].properties, True)
+           for i in range(4)]
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(bulk.send(big, loop.time() + 0.3))
+    first = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
+    assert 1_200_000 < len(first.payload) < 1_300_000  # two whole messages in the first write
+    channel.tracker.on_confirm(1, False, ACKED)  # the write's drain never completes: slow
+    sent = await asyncio.wait_for(task, timeout=5)
+    assert sent.status == [ACKED, TIMEOUT, NOT_SENT, NOT_SENT]
+    assert not channel.closed
+    assert channel.tracker.next_tag == 3
+
+
 async def test_publish__a_cancelled_error_from_the_library_is_a_lost_broker_not_a_stop() -> None:
     """aiormq cancels the futures of a connection its heartbeat dropped: the publish must end
     with the rows untouched, not raise CancelledError into the worker (which means stop)."""

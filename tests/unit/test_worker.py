@@ -69,7 +69,7 @@ async def test_drain__a_failing_lane_does_not_cancel_another_lanes_batch_in_flig
             await release.wait()
         return await real_publish(messages, deadline=deadline)
 
-    def claim(limit: int):  # type: ignore[no-untyped-def]
+    def claim(limit: int, *, max_bytes: int | None = None):  # type: ignore[no-untyped-def]
         if store.claims == 2:  # the second lane's claim: its database connection is gone
             store.claims += 1
             raise DatabaseError("connection lost")
@@ -129,7 +129,7 @@ async def test_drain__after_a_lane_fails_the_others_claim_no_new_batch() -> None
     worker = Worker(store, pub, WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30))
     real_claim = store.claim
 
-    def claim(limit: int):  # type: ignore[no-untyped-def]
+    def claim(limit: int, *, max_bytes: int | None = None):  # type: ignore[no-untyped-def]
         if store.claims == 2:  # a lane's claim fails once; the database is fine after
             store.claims += 1
             raise DatabaseError("connection lost")
