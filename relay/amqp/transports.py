@@ -141,7 +141,8 @@ class PerMessage:
 
     async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
         """Publish every message; wait for their confirms until the deadline."""
-        raw = self._raw
+        # This channel's own returns: a reopen meanwhile brings a new channel with its own.
+        raw, returns = self._raw, self._returns
         loop = asyncio.get_running_loop()
         tasks = [
             asyncio.ensure_future(
@@ -161,7 +162,7 @@ class PerMessage:
                        and isinstance(e, compat.CHANNEL_CLOSED)), None)
         if closed is None and self._closing is not None and raw.is_closed:
             closed = self._closing.reason
-        return Sent(status, self._returns.take([m.id for m in messages]), closed,
+        return Sent(status, returns.take([m.id for m in messages]), closed,
                     loop.time() - started)
 
     @staticmethod
@@ -200,6 +201,9 @@ class _ConfirmChannel:
     encoder: FrameEncoder
     write_lock: asyncio.Lock
     closing: _Closing
+    # The basic.return frames that came on this channel: a pass reads its returns here, never
+    # on a channel opened since (the returned row would be taken as published).
+    returns: _Returns = field(default_factory=_Returns)
 
     @property
     def closed(self) -> bool:
@@ -216,7 +220,6 @@ class Bulk:
 
     def __init__(self) -> None:
         self._confirm: _ConfirmChannel | None = None
-        self._returns = _Returns()
 
     @property
     def usable(self) -> bool:
@@ -225,7 +228,7 @@ class Bulk:
 
     async def open(self, connection: Any) -> None:
         """Open a confirm channel whose confirms and returns go to the tag tracker."""
-        _, raw, self._returns = await _confirm_channel(connection)
+        _, raw, returns = await _confirm_channel(connection)
         tracker = ConfirmTracker()
 
         def on_confirm(frame: spec.Basic.Ack | spec.Basic.Nack) -> None:
@@ -236,7 +239,8 @@ class Bulk:
         compat.hook_confirms(raw, on_confirm)
         compat.on_close(raw, lambda _: tracker.abandon_all())
         encoder = FrameEncoder(raw.number, compat.frame_max(raw), amqp_properties, publish_method)
-        self._confirm = _ConfirmChannel(raw, tracker, encoder, asyncio.Lock(), _Closing(raw))
+        self._confirm = _ConfirmChannel(raw, tracker, encoder, asyncio.Lock(), _Closing(raw),
+                                        returns)
 
     async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
         """One write of the pass; wait for its confirms until the deadline."""
@@ -314,6 +318,10 @@ class Bulk:
                 if drain is not None:
                     await asyncio.wait_for(asyncio.shield(drain),
                                            max(deadline - loop.time(), 0))
+                if channel.closed:
+                    # Closed under the pass: its number may be reopened for another channel,
+                    # and frames for a closed number close the whole connection (504).
+                    return drain or loop.create_future(), written
                 taken = await compat.write(channel.raw, chunk.payload, deadline - loop.time())
             except TimeoutError:
                 if drain is None:
@@ -331,5 +339,5 @@ class Bulk:
             code if code != PENDING else (TIMEOUT if timed_out and not channel.closed else LOST)
             for code in tags.status
         ]
-        return Sent(status, self._returns.take([m.id for m in messages]),
+        return Sent(status, channel.returns.take([m.id for m in messages]),
                     channel.closing.reason if channel.closed else None, waited_s)

@@ -138,6 +138,18 @@ MUTATIONS: tuple[Mutation, ...] = (
              "::test_bulk_send__a_deadline_between_writes_keeps_what_was_confirmed_and_the_channel",
     ),
     Mutation(
+        name="returns-from-a-reopened-channel",
+        promise="No loss: a returned message is never deleted as published, also when another "
+                "lane reopened the channel meanwhile",
+        edits=(Edit(
+            "relay/amqp/transports.py",
+            r"return Sent\(status, channel\.returns\.take\(",
+            "return Sent(status, self._confirm.returns.take(",
+        ),),
+        test="tests/unit/test_pipeline.py"
+             "::test_bulk_send__returns_are_read_from_the_channel_the_pass_went_on",
+    ),
+    Mutation(
         name="broker-loss-deletes-unsent",
         promise="No loss: rows whose publish a broker loss cut off stay in the outbox",
         edits=(Edit(

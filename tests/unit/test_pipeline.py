@@ -187,7 +187,7 @@ async def test_bulk_send__one_write_settled_from_multiple_acks_nacks_and_returns
     task = asyncio.ensure_future(bulk.send(BATCH[:4], loop.time() + 5))
     frame = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
     assert frame.payload.count(b"\xce") == 12  # method, header, body per message, one write
-    bulk._returns.by_row["m1"] = "returned (312 NO_ROUTE)"
+    channel.returns.by_row["m1"] = "returned (312 NO_ROUTE)"
     channel.tracker.on_confirm(2, True, ACKED)
     channel.tracker.on_confirm(3, False, NACKED)
     channel.tracker.on_confirm(4, False, ACKED)
@@ -236,6 +236,37 @@ async def test_bulk_send__a_deadline_between_writes_keeps_what_was_confirmed_and
     assert sent.status == [ACKED, TIMEOUT, NOT_SENT, NOT_SENT]
     assert not channel.closed
     assert channel.tracker.next_tag == 3
+
+
+async def test_bulk_send__returns_are_read_from_the_channel_the_pass_went_on() -> None:
+    """Another lane's pass saw the channel close and reopened it while this pass waited for
+    its confirms: this pass's return came on the old channel and must settle its row as
+    returned (read from the new channel's map, the row was deleted as published)."""
+    bulk, channel = _bulk()
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(bulk.send(BATCH[:2], loop.time() + 5))
+    await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
+    channel.returns.by_row["m0"] = "returned (312 NO_ROUTE)"
+    bulk._confirm, _ = _bulk()[1], None  # reopened: a new channel, its own returns
+    channel.tracker.on_confirm(2, True, ACKED)
+    sent = await asyncio.wait_for(task, timeout=5)
+    assert sent.status == [ACKED, ACKED]
+    assert sent.returned == {"m0": "returned (312 NO_ROUTE)"}
+
+
+async def test_bulk_send__a_channel_closed_between_writes_gets_no_more_frames() -> None:
+    bulk, channel = _bulk()
+    big = [Message(f"b{i}", "x", "rk", b"y" * 600_000, BATCH[0].properties, True)
+           for i in range(4)]
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(bulk.send(big, loop.time() + 5))
+    first = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
+    channel.raw.is_closed = True
+    channel.tracker.abandon_all()
+    first.drain()  # the writer drained the first write: the pass would write the next
+    sent = await asyncio.wait_for(task, timeout=5)
+    assert channel.raw.write_queue.empty(), "a write went to a closed channel's number"
+    assert sent.status == [LOST, LOST, NOT_SENT, NOT_SENT]
 
 
 async def test_publish__a_cancelled_error_from_the_library_is_a_lost_broker_not_a_stop() -> None:
