@@ -447,7 +447,7 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean
 -- name: dead_list
 SELECT id::text AS id, dead_at, attempts, exchange, routing_key, reason
 FROM {dead}
-WHERE ($1::text IS NULL OR reason ILIKE '%' || $1 || '%')
+WHERE ($1::text IS NULL OR strpos(lower(reason), lower($1)) > 0)
 ORDER BY dead_at, dead_id
 LIMIT $2
 
@@ -456,7 +456,7 @@ LIMIT $2
 -- age in seconds or NULL): the "N of M" of listings and the total of long operations.
 SELECT count(*) FROM {dead}
 WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
-  AND ($2::text IS NULL OR reason ILIKE '%' || $2 || '%')
+  AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
 
 -- name: dead_show
@@ -474,7 +474,7 @@ ORDER BY dead_id DESC
 -- One entry per id (an id parked twice has two dead letters; replay moves the latest).
 SELECT id::text FROM {dead}
 WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
-  AND ($2::text IS NULL OR reason ILIKE '%' || $2 || '%')
+  AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
 GROUP BY id
 ORDER BY min(dead_at), min(dead_id)
@@ -498,9 +498,20 @@ FROM {dead} AS d
 WHERE d.id = ANY($1::uuid[])
 ORDER BY d.dead_id
 
+-- name: dead_snapshot_keys
+-- The dead letters a purge will delete, by their own key (dead_id), fixed when it starts: an
+-- id parked again under another reason keeps its other dead letters. Filters as
+-- dead_snapshot; the reason matches as literal text, any case.
+SELECT dead_id FROM {dead}
+WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
+  AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
+  AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
+ORDER BY dead_at, dead_id
+LIMIT $4
+
 -- name: dead_purge
--- Deletes the given dead letters (a slice of dead_snapshot).
-DELETE FROM {dead} WHERE id = ANY($1::uuid[])
+-- Deletes the given dead letters (a slice of dead_snapshot_keys).
+DELETE FROM {dead} WHERE dead_id = ANY($1::bigint[])
 
 -- name: archive_prune
 -- Bounded batches keep each transaction (and the WAL and locks it holds) small.

@@ -88,12 +88,15 @@ async def _purge(dl: DeadLetters, args: argparse.Namespace) -> int:
         total = await dl.count(which)
         raise UsageError(f"purge would delete all {total} dead letter(s): say --all, or "
                          "narrow it with --older-than AGE, --reason TEXT or IDs")
-    ids = await dl.snapshot(which)
-    _say_missing(which, ids)
+    if which.ids:
+        _say_missing(which, await dl.snapshot(which))
+    # By each dead letter's own key: an id parked again under another reason keeps the
+    # dead letters that did not match.
+    keys = await dl.snapshot_keys(which)
     if args.dry_run:
-        print(f"would purge {len(ids)} dead letter(s)")
+        print(f"would purge {len(keys)} dead letter(s)")
         return EXIT_OK
-    n = await dl.purge(ids, batch_rows=args.batch_rows, progress=Progress("purged"))
+    n = await dl.purge(keys, batch_rows=args.batch_rows, progress=Progress("purged"))
     print(f"purged {n} dead letter(s)")
     return EXIT_OK
 

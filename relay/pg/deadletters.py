@@ -9,7 +9,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -79,11 +79,12 @@ class Filter:
 
 
 Progress = Callable[[int, int], None]  # (done, total)
+_T = TypeVar("_T")
 
 
-def _slices(ids: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(ids), size):
-        yield ids[start : start + size]
+def _slices(items: list[_T], size: int) -> Iterator[list[_T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 class DeadLetters:
@@ -116,6 +117,11 @@ class DeadLetters:
         rows = await self._fetch("dead_snapshot", *which.args(), which.limit)
         return [r[0] for r in rows]
 
+    async def snapshot_keys(self, which: Filter) -> list[int]:
+        """The dead letters a purge will delete, by their own key, fixed now, oldest first."""
+        rows = await self._fetch("dead_snapshot_keys", *which.args(), which.limit)
+        return [int(r[0]) for r in rows]
+
     async def listing(self, *, limit: int = 100, reason: str | None = None) -> list[dict[str, Any]]:
         """Dead letters, oldest first (optionally only those whose reason contains `reason`)."""
         return [dict(r) for r in await self._fetch("dead_list", reason, limit)]
@@ -145,14 +151,15 @@ class DeadLetters:
                 progress(len(result.replayed) + len(result.left), len(ids))
         return result
 
-    async def purge(self, ids: list[str], *, batch_rows: int = 10_000,
+    async def purge(self, keys: list[int], *, batch_rows: int = 10_000,
                     progress: Progress | None = None) -> int:
-        """Delete these dead letters (a snapshot), one transaction per `batch_rows`."""
+        """Delete these dead letters (a snapshot of their keys), one transaction per
+        `batch_rows`."""
         total = 0
-        for chunk in _slices(ids, batch_rows):
+        for chunk in _slices(keys, batch_rows):
             total += await self._execute("dead_purge", chunk)
             if progress:
-                progress(total, len(ids))
+                progress(total, len(keys))
         return total
 
     async def prune_archive(self, *, older_than_s: float, batch_rows: int = 10_000) -> int:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_session, wait_until
+from tests.helpers import (
+    RELAY_BIN,
+    Env,
+    count_rows,
+    pg_execute,
+    pg_fetch,
+    pg_session,
+    wait_until,
+)
 
 DEAD = "queue_message_dead"
 
@@ -120,3 +128,28 @@ async def test_dead_letters__a_reused_id_keeps_every_parked_row_and_replay_says_
 
 async def _dead_rows(env: Env, n: int) -> bool:
     return await count_rows(env.pg_dsn, DEAD) == n
+
+
+async def test_dead_purge__deletes_only_the_dead_letters_that_matched_and_reads_reason_literally(
+    env: Env,
+) -> None:
+    """An id parked twice (a producer reused it, or a replayed row died again) has two dead
+    letters: purging one reason deleted both, since the purge went by id. And `%` or `_` in
+    --reason matched anything."""
+    await pg_execute(
+        env.pg_dsn, f"INSERT INTO {DEAD} (id, seq, exchange, routing_key, content, created_at, "
+        "available_at, attempts, reason, dead_at) VALUES "
+        "('00000000-0000-4000-8000-000000000001', 1, 'x', 'rk', '{}', now(), now(), 1, "
+        "'too_large: content over the limit', now() - interval '2 days'), "
+        "('00000000-0000-4000-8000-000000000001', 2, 'x', 'rk', '{}', now(), now(), 1, "
+        "'invalid_option: priority 300', now()), "
+        "('00000000-0000-4000-8000-000000000002', 3, 'x', 'rk', '{}', now(), now(), 1, "
+        "'invalid_row: exchange is NULL', now())")
+    wild = relay(env, "dead", "purge", "--reason", "%")
+    assert wild.returncode == 0, wild.stderr
+    assert "purged 0 dead letter(s)" in wild.stdout
+    assert "no dead letters match" in relay(env, "dead", "list", "--reason", "l%r").stdout
+    done = relay(env, "dead", "purge", "--reason", "TOO_LARGE")
+    assert "purged 1 dead letter(s)" in done.stdout, done.stdout + done.stderr
+    left = await pg_fetch(env.pg_dsn, f"SELECT id::text, reason FROM {DEAD} ORDER BY dead_id")
+    assert [r["reason"].split(":")[0] for r in left] == ["invalid_option", "invalid_row"]
