@@ -12,11 +12,9 @@ import json
 import os
 import secrets
 import shlex
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +25,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
-from prometheus_client.parser import text_string_to_metric_families
 
 from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
@@ -280,7 +277,6 @@ class Relay:
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
-        self.port = int(env.get("RELAY_HTTP_PORT", "0"))
         command = [RELAY_BIN, "run"]
         if RELAY_SRC:
             # Another checkout of the relay (e.g. `git archive main` unpacked): before/after.
@@ -302,25 +298,6 @@ class Relay:
             await asyncio.sleep(0.05)
         raise TimeoutError("relay did not start")
 
-    def full_gc_pauses(self) -> dict[str, float]:
-        """The relay's full (generation-2) collections so far, from its /metrics (the relay
-        runs with RELAY_HTTP_PORT=`self.port`): how many, their mean and how many took over
-        10 ms."""
-        if not self.port:
-            return {}
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            text = reply.read().decode()
-        samples = {(s.name, s.labels.get("le")): s.value
-                   for family in text_string_to_metric_families(text) for s in family.samples
-                   if s.labels.get("generation") == "2"}
-        count = samples.get(("relay_gc_pause_seconds_count", None), 0.0)
-        total = samples.get(("relay_gc_pause_seconds_sum", None), 0.0)
-        return {"full_gcs": count,
-                "full_gc_mean_ms": round(total / count * 1000, 2) if count else 0.0,
-                "full_gcs_over_10ms": count - samples.get(
-                    ("relay_gc_pause_seconds_bucket", "0.01"), 0.0)}
-
     def stop(self) -> None:
         """SIGTERM, then kill if it lingers."""
         if self.proc.poll() is None:
@@ -335,13 +312,6 @@ class Relay:
 # ---------------------------------------------------------------------- CPU from /proc
 
 _CLK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (for a relay's HTTP endpoint)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_s(pid: int) -> float:

@@ -40,7 +40,6 @@ from bench.common import (
     Relay,
     builds,
     checkpoint,
-    free_port,
     insert_backlog,
     load_before,
     one_off,
@@ -156,8 +155,8 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
                    relays: int, log_dir: Path, settings: dict[str, str],
                    spark: SparkBulk | None = None) -> dict[str, Any]:
     """The bulk alone, then beside live rows, with the same running relays."""
-    procs = [Relay(env.relay_env(**{"http_port": free_port(), **settings}),
-                   log_dir / f"relay-{i}.log") for i in range(relays)]
+    procs = [Relay(env.relay_env(**settings), log_dir / f"relay-{i}.log")
+             for i in range(relays)]
     received: dict[str, float] = {}
 
     async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
@@ -189,7 +188,6 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
                 raise TimeoutError(f"{len(committed.keys() - received.keys())} live rows "
                                    "never arrived")
             await asyncio.sleep(0.05)
-        gc_pauses = procs[0].full_gc_pauses()
     finally:
         for proc in procs:
             proc.stop()
@@ -212,7 +210,6 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
         "live_p99_ms": round(percentile(during, 99), 2) if during else None,
         "live_max_ms": round(max(during), 2) if during else None,
         "load_before_alone": load_alone, "load_before_beside": load_mixed,
-        **gc_pauses,
     }
 
 
@@ -310,8 +307,8 @@ def report(records: list[dict[str, Any]], run: OneOff, before_src: str = "") -> 
             "returned -> consumer received, for live rows committed before the bulk drained"),
         "| run | build | relay settings | relays | bulk by | bulk rows | alone msg/s "
         "| beside live msg/s | drain ratio | live rows | live p50 ms | p95 | p99 | max "
-        "| full GCs of relay 1 (mean ms, over 10 ms) | load before (alone / beside) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| load before (alone / beside) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in records if r.get("kind") != "insert_cost"):
         lines.append(
@@ -321,7 +318,7 @@ def report(records: list[dict[str, Any]], run: OneOff, before_src: str = "") -> 
             f"| {r['alone_msg_per_s']:,.0f} "
             f"| {r['beside_live_msg_per_s']:,.0f} | {r['drain_ratio']} "
             f"| {r['live_rows_during_drain']} | {r['live_p50_ms']} | {r['live_p95_ms']} "
-            f"| {r['live_p99_ms']} | {r['live_max_ms']} | {_gcs(r)} "
+            f"| {r['live_p99_ms']} | {r['live_max_ms']} "
             f"| {r['load_before_alone'][0]} / "
             f"{r['load_before_beside'][0]} |")
     cost = [r for r in records if r.get("kind") == "insert_cost"]
@@ -335,12 +332,6 @@ def report(records: list[dict[str, Any]], run: OneOff, before_src: str = "") -> 
         lines += [f"| {r['run']} | {r['table']} | {r['rows']:,} | {r['bulk_s']} "
                   f"| {r['one_row_commits_per_s']:,} | {r['load_before'][0]} |" for r in cost]
     return "\n".join(lines) + "\n"
-
-
-def _gcs(r: dict[str, Any]) -> str:
-    if "full_gcs" not in r:
-        return "not measured"
-    return f"{r['full_gcs']:.0f} ({r['full_gc_mean_ms']}, {r['full_gcs_over_10ms']:.0f})"
 
 
 def _settings(settings: dict[str, str]) -> str:

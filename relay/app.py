@@ -9,7 +9,6 @@ under one stop event; their states are part of /healthz.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 from collections.abc import Callable
@@ -218,7 +217,6 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
     worker_task = asyncio.ensure_future(_worker_main(settings, worker, outbox, supervisors))
     try:
         if metrics is not None:
-            services.hold(metrics.watch_gc())
             poller = services.start(
                 BacklogPoller(outbox.backlog, metrics, settings.backlog_poll_interval_s))
             services.hold(await start_http(
@@ -227,20 +225,40 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
                 supervisors=supervisors,
             ))
         await _stop_worker_when_asked(settings, worker, worker_task, stop_requested,
-                                      supervisors)
+                                      supervisors, hard_stop=outbox.terminate)
     finally:
         worker_task.cancel()
-        await asyncio.gather(worker_task, return_exceptions=True)
+        await _wait_bounded(worker_task, outbox.terminate)
         await services.stop()
         log.info("relay_stopped", published=worker.published_total)
+
+
+# After a cancel, how long the worker may take to roll its batches back before their database
+# connections are closed under them (a silent link: each rollback would wait out its own
+# command timeout); and again after that. The stop stays within RELAY_SHUTDOWN_TIMEOUT_S plus
+# a few seconds, whatever the servers do.
+CANCEL_GRACE_S = 3.0
+
+
+async def _wait_bounded(task: asyncio.Future[None], hard_stop: Callable[[], None]) -> None:
+    """Wait for a cancelled task to end; past CANCEL_GRACE_S, `hard_stop` (close the database
+    connections at once: the server rolls their transactions back) and wait as long again."""
+    done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    if not done:
+        log.warning("relay_stop_forced", detail="closing the database connections of batches "
+                    "that did not roll back in time", waiting=waiting_tasks())
+        hard_stop()
+        await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
 
 
 async def _stop_worker_when_asked(settings: Settings, worker: Worker,
                                   worker_task: asyncio.Future[None],
                                   stop_requested: asyncio.Event,
-                                  supervisors: Supervisors) -> None:
+                                  supervisors: Supervisors, *,
+                                  hard_stop: Callable[[], None]) -> None:
     """Wait for a stop request (or the worker's end), then let the worker finish its batches
-    for up to RELAY_SHUTDOWN_TIMEOUT_S; past that, its open batches roll back."""
+    for up to RELAY_SHUTDOWN_TIMEOUT_S; past that, its open batches roll back (`hard_stop`
+    closes their connections if the rollback does not come in time)."""
     stop_task: asyncio.Future[Any] = asyncio.ensure_future(stop_requested.wait())
     try:
         await asyncio.wait({worker_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -255,8 +273,7 @@ async def _stop_worker_when_asked(settings: Settings, worker: Worker,
         log.warning("relay_stop_timeout", detail="rolling back in-flight batches",
                     waiting=waiting_tasks())
         worker_task.cancel()
-        with contextlib.suppress(BaseException):
-            await worker_task
+        await _wait_bounded(worker_task, hard_stop)
     elif worker_task.exception() is not None:
         raise worker_task.exception()  # type: ignore[misc]
 

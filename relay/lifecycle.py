@@ -19,6 +19,10 @@ import structlog
 
 log = structlog.get_logger("relay.lifecycle")
 
+# Each step of a stop (the cancelled services together, then each close) waits at most this
+# long: a part stuck on a silent link is left behind, the process still exits in time.
+STEP_BOUND_S = 6.0
+
 
 class Resource(Protocol):
     """Something held open while the process runs."""
@@ -62,14 +66,18 @@ class Services:
         tasks, self._tasks = self._tasks[::-1], []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=STEP_BOUND_S)
+            if stuck:
+                log.warning("stop_left_running", parts=len(stuck))
         held, self._held = self._held[::-1], []
         for resource in held:
             started = time.monotonic()
             try:
-                await resource.close()
+                await asyncio.wait_for(resource.close(), timeout=STEP_BOUND_S)
             except Exception as exc:
-                log.warning("close_failed", part=type(resource).__name__, error=str(exc))
+                log.warning("close_failed", part=type(resource).__name__,
+                            error=str(exc) or type(exc).__name__)
             took = time.monotonic() - started
             if took > 1.0:  # a stop must fit the orchestrator's grace period: say what is slow
                 log.warning("close_slow", part=type(resource).__name__, seconds=round(took, 1))

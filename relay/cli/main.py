@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import sys
@@ -145,24 +144,11 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the relay daemon."""
     from relay import app
 
-    freeze_startup_heap()
-
     async def main() -> int:
         await app.run(settings)
         return EXIT_OK
 
     return _run_async(main)
-
-
-def freeze_startup_heap() -> None:
-    """Leave what start-up made (modules, classes, settings) out of every later collection.
-
-    The relay's steady state makes few reference cycles, yet each full (generation-2)
-    collection walked every object the imports made: a pause of the event loop of over 10 ms,
-    about 18 times during a 300,000-row drain, that every live row in flight waited through.
-    Frozen, a full collection takes about 2 ms (docs/speed.md, `relay_gc_pause_seconds`)."""
-    gc.collect()
-    gc.freeze()
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import gc
 import math
 import time
 from collections import Counter as Tally
@@ -35,7 +34,6 @@ log = structlog.get_logger("relay.ops.metrics")
 
 BATCH_SIZE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 AGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 class BulkHistogram:
@@ -263,36 +261,6 @@ class RelayMetrics:
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
         return generate_latest(self.registry)
-
-    def watch_gc(self) -> GcPauses:
-        """Time the garbage collector's pauses from now on, until the result is closed."""
-        return GcPauses(self.registry)
-
-
-class GcPauses:
-    """`relay_gc_pause_seconds{generation}`: each collection stops the event loop, and with it
-    every batch and every live row in flight (docs/speed.md)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._pauses = Histogram(
-            "relay_gc_pause_seconds",
-            "Seconds the garbage collector held the process, per collection, by generation.",
-            ["generation"], buckets=GC_PAUSE_BUCKETS, registry=registry,
-        )
-        self._started = 0.0
-        gc.callbacks.append(self._timed)
-
-    def _timed(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self._pauses.labels(str(info["generation"])).observe(
-                time.perf_counter() - self._started)
-
-    async def close(self) -> None:
-        """Stop timing (the series keep their counts)."""
-        if self._timed in gc.callbacks:
-            gc.callbacks.remove(self._timed)
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ timeout and idle-in-transaction timeout the relay sets on its sessions
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -210,3 +211,38 @@ async def _flow(env: Env, tmp_path: Path, **overrides: object
         assert await count_rows(env.pg_dsn, "queue_message_dead") == 0
         assert relay.alive()
         assert await relay.stop() == 0
+
+
+async def test_sigterm_with_postgres_black_holed__exits_within_the_shutdown_bound(
+    env: Env, start_relay
+) -> None:
+    """A stop while the database link is silent: past RELAY_SHUTDOWN_TIMEOUT_S the relay
+    cancelled its worker and waited for it without a bound (a rollback and a release on the
+    dead link, each with its own timeout), past the orchestrator's grace period (SIGKILL).
+    Every await on the stop path is bounded now; the server frees the rows by itself."""
+    proxy = await proxy_for(env.pg_dsn)
+    shutdown_s = 3.0
+    ids = fresh_ids(20_000)
+    await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids)
+    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
+    try:
+        relay = start_relay(pg_dsn=via_proxy(env.pg_dsn, proxy.port), publish_timeout_s=2,
+                            shutdown_timeout_s=shutdown_s)
+        await wait_until(lambda: len(consumer.ids) >= 1000, timeout_s=60,
+                         what="the relay draining through the proxy")
+        proxy.black_hole()
+        await asyncio.sleep(0.5)  # batches in flight now wait on the silent link
+        started = time.monotonic()
+        code = await relay.stop(timeout_s=120)
+        took = time.monotonic() - started
+        print(f"\n[chaos] SIGTERM with PostgreSQL black-holed: exit {code} after {took:.1f} s "
+              f"(RELAY_SHUTDOWN_TIMEOUT_S={shutdown_s:g})")
+        assert took <= shutdown_s + 8, f"the stop took {took:.1f} s"
+        await proxy.restore()
+        # The rows of the cut batches come back (the server ends their sessions): a relay
+        # straight to the server delivers everything.
+        start_relay(publish_timeout_s=2)
+        await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
+    finally:
+        await consumer.stop()
+        await proxy.close()
