@@ -113,6 +113,9 @@ class Properties:
     user_id: str | None = None
     app_id: str | None = None
     mandatory: bool | None = None
+    # Characters of the options text it came from: what a cache that keeps this object alive
+    # charges for it (its headers can be large), relay/amqp/frames.py.
+    source_chars: int = field(default=0, compare=False)
 
 
 def _delivery_mode(opts: PublishOptions) -> int:
@@ -180,6 +183,7 @@ def _parse(text: str) -> Properties:
         user_id=opts.user_id,
         app_id=opts.app_id,
         mandatory=opts.mandatory,
+        source_chars=len(text),
     )
 
 

@@ -103,7 +103,9 @@ class FrameEncoder:
         key = (id(p), id_size)
         entry = self._props.get(key)
         if entry is None or entry[0] is not p:
-            self._props.put(key, (p, _SEEN_ONCE), 256)
+            # The entry keeps the whole property set alive: charge for it (about 4 bytes of
+            # parsed objects per character of its options text), not for the key alone.
+            self._props.put(key, (p, _SEEN_ONCE), 4 * p.source_chars + 256)
             return None
         if entry[1] is not _SEEN_ONCE:
             return entry[1]
@@ -114,7 +116,7 @@ class FrameEncoder:
             for stand_in in ("a", "b")
         ]
         parts = _slots(encoded[0], encoded[1], id_size)
-        self._props.put(key, (p, parts), 3 * len(encoded[0]) + 256)
+        self._props.put(key, (p, parts), 3 * len(encoded[0]) + 4 * p.source_chars + 256)
         return parts
 
     def header_frame(self, message: Message) -> bytes:

@@ -173,3 +173,21 @@ def test_trim__a_batch_whose_written_part_was_confirmed_already_is_done() -> Non
     tracker.trim(a, 1)
     assert done == ["a"]
     assert not tracker.ranges
+
+
+def test_property_cache__charges_what_it_keeps_alive_for_rows_with_large_unique_headers() -> None:
+    """Each entry of the encoder's property cache keeps its whole property set alive; charged
+    256 bytes each, rows with ~20 KB of unique headers could hold ~330 MB. Charged by the
+    options' size, the cache keeps at most its budget's worth."""
+    import json
+
+    from relay.options import parse_options
+
+    encoder = FrameEncoder(1, 131072, amqp_properties)
+    for i in range(2000):
+        options = json.dumps({"headers": {"n": i, "pad": "h" * 20_000}})
+        m = Message(f"0b0c5a8e-0000-4000-8000-{i:012d}", "x", "rk", b"{}",
+                    parse_options(options), True)
+        encoder.header_frame(m)
+    kept = len(encoder._props)
+    assert kept * 20_000 <= encoder._props.max_bytes, f"{kept} property sets of 20 KB kept"
