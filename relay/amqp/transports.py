@@ -72,11 +72,17 @@ class Transport(Protocol):
         """Publish and wait for confirms until `deadline` (loop time)."""
 
 
+# Returns kept for rows whose pass has not read them yet; a return for a pass that already
+# ended (its deadline passed) is never read, so the oldest go first beyond this many.
+RETURNS_KEPT = 100_000
+
+
 class _Returns:
     """basic.return frames of one channel, by row id (the relay's header)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: int = RETURNS_KEPT) -> None:
         self.by_row: dict[str, str] = {}
+        self.kept = kept
 
     def __call__(self, frame: spec.Basic.Return, properties: spec.Basic.Properties) -> None:
         row_id = returned_row_id(properties)
@@ -87,6 +93,8 @@ class _Returns:
             f"returned by the broker ({frame.reply_code} {frame.reply_text}; "
             f"exchange {frame.exchange!r}, key {frame.routing_key!r})"
         )
+        if len(self.by_row) > self.kept:
+            del self.by_row[next(iter(self.by_row))]  # the oldest: dicts keep insertion order
 
     def take(self, ids: Sequence[str]) -> dict[str, str]:
         """Remove and return the returns of these rows."""

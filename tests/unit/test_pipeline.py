@@ -401,3 +401,18 @@ async def test_probe__a_404_close_is_exchange_not_found_not_a_channel_close() ->
     result = await pipeline.publish(_to("gone", "g0", "g1"))
     assert result.failed["g0"].reason is Reason.EXCHANGE_NOT_FOUND
     assert result.failed["g1"].reason is Reason.DESTINATION_REFUSED
+
+
+def test_returns__kept_for_unread_passes_up_to_a_bound_oldest_first() -> None:
+    """A return that comes for a pass already ended is never read: the map must not grow
+    without end."""
+    from pamqp import commands as spec
+
+    from relay.amqp.transports import _Returns
+
+    returns = _Returns(kept=3)
+    for i in range(5):
+        props = spec.Basic.Properties(message_id=f"r{i}", headers={"x-outbox-id": f"r{i}"})
+        returns(spec.Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="x",
+                                  routing_key="rk"), props)
+    assert list(returns.by_row) == ["r2", "r3", "r4"]
