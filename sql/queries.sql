@@ -6,6 +6,24 @@
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(hashtext('outbox-relay:migrate'))
 
+-- name: migration_session_lock
+-- The same lock for the session: held while a migration's statements that run outside its
+-- transaction (CREATE INDEX CONCURRENTLY) build, so no other `relay migrate` starts meanwhile.
+SELECT pg_advisory_lock(hashtext('outbox-relay:migrate'))
+
+-- name: migration_session_unlock
+SELECT pg_advisory_unlock(hashtext('outbox-relay:migrate'))
+
+-- name: invalid_index
+-- An index of this name in the outbox's schema left invalid by an interrupted CONCURRENTLY
+-- build ($1: its name): dropped and built again.
+SELECT format('%I.%I', n.nspname, c.relname)
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+JOIN pg_index AS i ON i.indexrelid = c.oid
+WHERE c.relname = $1 AND NOT i.indisvalid
+  AND n.oid = (SELECT relnamespace FROM pg_class WHERE oid = {table_oid})
+
 -- name: outbox_lock_holders
 -- Sessions holding a lock on the outbox table (what keeps `relay migrate` waiting), oldest
 -- transaction first; the query text is left out (it may hold data).

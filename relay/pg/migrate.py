@@ -7,6 +7,7 @@ installed notify mode is kept unless one is asked for explicitly.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -117,11 +118,31 @@ async def migrate(conn: asyncpg.Connection, names: TableNames,
         pause = min(pause * 2, RETRY_MAX_S)
 
 
+# In a migration file, the statements after this line run one by one outside the migration's
+# transaction, after it commits (CREATE INDEX CONCURRENTLY: a new index on a live outbox never
+# blocks producers' INSERTs while it builds); the version is recorded once they are done.
+OUTSIDE_MARKER = "-- relay: outside the transaction"
+# A CONCURRENTLY build on a large outbox may take long; the session's command timeout is
+# for ordinary statements.
+OUTSIDE_TIMEOUT_S = 6 * 3600.0
+_INDEX_NAME = re.compile(r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)",
+                         re.IGNORECASE)
+
+
+def split_migration(text: str) -> tuple[str, list[str]]:
+    """A migration's transactional part and its statements to run outside a transaction."""
+    inside, _, outside = text.partition(OUTSIDE_MARKER)
+    statements = [s.strip() for s in outside.split(";")]
+    return inside, [s for s in statements if s and not all(
+        line.strip().startswith("--") or not line.strip() for line in s.splitlines())]
+
+
 async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
                         notify: NotifyMode | None) -> list[str]:
     q = Queries(names)
     target = target_of(names)
     applied_now: list[str] = []
+    outside: list[tuple[str, list[str]]] = []
     async with conn.transaction():
         await conn.execute(q["migration_lock"])
         # Before any look-up: a DDL statement makes this backend read the catalog changes
@@ -136,7 +157,11 @@ async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
             version = path.stem
             if version not in todo.pending:
                 continue
-            await conn.execute(names.render(path.read_text(encoding="utf-8")))
+            inside, statements = split_migration(names.render(path.read_text(encoding="utf-8")))
+            await conn.execute(inside)
+            if statements:
+                outside.append((version, statements))  # recorded once they are done
+                continue
             await conn.execute(q["record_migration"], target, version)
             applied_now.append(version)
             log.info("migration_applied", version=version, table=target)
@@ -146,7 +171,33 @@ async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
                 q["mark_notify_mode"].replace("{notify_mode}", todo.notify.value))
         # Relays follow the installed mode: wake them (at commit) so they re-read it.
         await conn.execute(q["announce_notify_mode"])
+    if outside:
+        applied_now += await _outside_the_transaction(conn, q, target, outside)
     return applied_now
+
+
+async def _outside_the_transaction(conn: asyncpg.Connection, q: Queries, target: str,
+                                   outside: list[tuple[str, list[str]]]) -> list[str]:
+    """Run each version's statements alone (no lock_timeout: a CONCURRENTLY build waits for
+    older transactions, never blocking producers), then record the version; under the
+    migration lock held for the session. An index an interrupted build left invalid is
+    dropped and built again."""
+    done: list[str] = []
+    await conn.execute(q["migration_session_lock"])
+    try:
+        for version, statements in outside:
+            for statement in statements:
+                name = _INDEX_NAME.search(statement)
+                invalid = name and await conn.fetchval(q["invalid_index"], name.group(1))
+                if invalid:
+                    await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}")
+                await conn.execute(statement, timeout=OUTSIDE_TIMEOUT_S)
+            await conn.execute(q["record_migration"], target, version)
+            done.append(version)
+            log.info("migration_applied", version=version, table=target)
+    finally:
+        await conn.execute(q["migration_session_unlock"])
+    return done
 
 
 async def _lock_holders(conn: asyncpg.Connection, names: TableNames) -> str:

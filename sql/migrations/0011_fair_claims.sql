@@ -8,11 +8,6 @@
 -- take this migration's transaction id (one old transaction, drained in seq order as before).
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS xact xid8 NOT NULL DEFAULT pg_current_xact_id();
 
--- One probe per transaction finds the next one; a transaction's rows are read in seq order from
--- the claim's floor up, so the rows it already moved are not stepped over (relay/pg/seqfloor.py).
-CREATE INDEX IF NOT EXISTS {name}_unkeyed_xact_idx
-    ON {table} (xact, seq) WHERE ordering_key IS NULL;
-
 -- The fair round of a claim (query `claim`; query `claim_express` runs it alone): locks and
 -- returns the seqs of a share of due unkeyed rows from each of the newest transactions that
 -- have rows from seq p_floor up: LEAST(32, p_rows / 2) transactions, GREATEST(p_rows / 64, 1)
@@ -64,3 +59,11 @@ FROM xacts AS x,
               FOR UPDATE OF t SKIP LOCKED) AS c
 WHERE x.xact IS NOT NULL
 $fn$;
+
+-- One probe per transaction finds the next one; a transaction's rows are read in seq order from
+-- the claim's floor up, so the rows it already moved are not stepped over (relay/pg/seqfloor.py).
+-- Built CONCURRENTLY, after the rest of this migration commits: on a live outbox with a large
+-- backlog a plain build would hold producers' INSERTs for as long as it takes.
+-- relay: outside the transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {name}_unkeyed_xact_idx
+    ON {table} (xact, seq) WHERE ordering_key IS NULL;

@@ -196,3 +196,24 @@ async def test_migrate__an_outbox_locked_past_the_wait_stops_it_naming_the_holde
     assert f"pid {pid} " in done.stderr
     assert "Traceback" not in done.stderr
     assert await _installed_mode(empty_db) == "conditional"
+
+
+async def test_migrate__an_index_an_interrupted_concurrent_build_left_invalid_is_built_again(
+    empty_db: str, amqp_url: str
+) -> None:
+    """New indexes on the outbox build CONCURRENTLY, after their migration's transaction: a
+    build cut short leaves an invalid index and the version unrecorded; the next migrate
+    drops that index, builds it again and records the version."""
+    env = _env(empty_db, amqp_url)
+    assert relay(env, "migrate").returncode == 0
+    await pg_execute(empty_db, "DELETE FROM relay_migrations WHERE version = '0011_fair_claims'")
+    await pg_execute(empty_db, "UPDATE pg_index SET indisvalid = false WHERE indexrelid = "
+                     "'queue_message_unkeyed_xact_idx'::regclass")
+    check = relay(env, "migrate", "--check")
+    assert check.returncode == 1, check.stdout
+    again = relay(env, "migrate")
+    assert again.returncode == 0, again.stderr
+    assert "0011_fair_claims" in again.stdout
+    assert await pg_fetchval(empty_db, "SELECT indisvalid FROM pg_index WHERE indexrelid = "
+                             "'queue_message_unkeyed_xact_idx'::regclass") is True
+    assert relay(env, "migrate", "--check").returncode == 0
