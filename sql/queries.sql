@@ -7,9 +7,10 @@
 SELECT pg_advisory_xact_lock(hashtext('outbox-relay:migrate'))
 
 -- name: migration_session_lock
--- The same lock for the session: held while a migration's statements that run outside its
--- transaction (CREATE INDEX CONCURRENTLY) build, so no other `relay migrate` starts meanwhile.
-SELECT pg_advisory_lock(hashtext('outbox-relay:migrate'))
+-- The same lock for the whole run, taken by polling, never by waiting in a statement: a run
+-- that builds an index CONCURRENTLY waits for every transaction older than the build, and a
+-- second run waiting for the lock inside a statement would be one (a deadlock).
+SELECT pg_try_advisory_lock(hashtext('outbox-relay:migrate'))
 
 -- name: migration_session_unlock
 SELECT pg_advisory_unlock(hashtext('outbox-relay:migrate'))

@@ -87,8 +87,8 @@ async def migrate(conn: asyncpg.Connection, names: TableNames,
     """Apply pending migrations and install the trigger; return the versions applied.
 
     `notify` None keeps the mode installed on the table (the default for a new table is
-    conditional). One transaction holds a transaction-level advisory lock, so concurrent runs
-    wait for each other and the second finds nothing left to do.
+    conditional). The run holds an advisory lock for its session, so concurrent runs wait for
+    each other (polling) and the second finds nothing left to do.
 
     Nothing to apply and the trigger mode kept: nothing is changed and no lock is taken on the
     outbox. Otherwise the DDL waits at most LOCK_TIMEOUT_MS for its lock (a reader of the
@@ -96,6 +96,38 @@ async def migrate(conn: asyncpg.Connection, names: TableNames,
     the whole attempt is retried until `lock_wait_s` has passed.
     """
     deadline = time.monotonic() + lock_wait_s
+    await _take_migration_lock(conn, names, deadline)
+    try:
+        return await _migrate_retrying(conn, names, notify, deadline, lock_wait_s)
+    finally:
+        try:
+            await conn.execute(Queries(names)["migration_session_unlock"])
+        except DB_ERRORS as exc:  # the session's end releases it anyway
+            log.warning("migration_unlock_failed", error=repr(exc))
+
+
+async def _take_migration_lock(conn: asyncpg.Connection, names: TableNames,
+                               deadline: float) -> None:
+    """One `relay migrate` per database at a time (the session-level lock, polled)."""
+    said = False
+    while True:
+        try:
+            if await conn.fetchval(Queries(names)["migration_session_lock"]):
+                return
+        except DB_ERRORS as exc:
+            raise DatabaseError(f"migration failed: {exc!r}") from exc
+        if time.monotonic() > deadline:
+            raise DatabaseError("migration not applied: another `relay migrate` kept running; "
+                                "nothing was changed")
+        if not said:
+            log.info("migration_waiting_for_another_run")
+            said = True
+        await asyncio.sleep(0.2)
+
+
+async def _migrate_retrying(conn: asyncpg.Connection, names: TableNames,
+                            notify: NotifyMode | None, deadline: float,
+                            lock_wait_s: float) -> list[str]:
     pause = RETRY_FIRST_S
     attempts = 0
     while True:
@@ -179,24 +211,19 @@ async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
 async def _outside_the_transaction(conn: asyncpg.Connection, q: Queries, target: str,
                                    outside: list[tuple[str, list[str]]]) -> list[str]:
     """Run each version's statements alone (no lock_timeout: a CONCURRENTLY build waits for
-    older transactions, never blocking producers), then record the version; under the
-    migration lock held for the session. An index an interrupted build left invalid is
-    dropped and built again."""
+    older transactions, never blocking producers), then record the version; under the run's
+    migration lock. An index an interrupted build left invalid is dropped and built again."""
     done: list[str] = []
-    await conn.execute(q["migration_session_lock"])
-    try:
-        for version, statements in outside:
-            for statement in statements:
-                name = _INDEX_NAME.search(statement)
-                invalid = name and await conn.fetchval(q["invalid_index"], name.group(1))
-                if invalid:
-                    await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}")
-                await conn.execute(statement, timeout=OUTSIDE_TIMEOUT_S)
-            await conn.execute(q["record_migration"], target, version)
-            done.append(version)
-            log.info("migration_applied", version=version, table=target)
-    finally:
-        await conn.execute(q["migration_session_unlock"])
+    for version, statements in outside:
+        for statement in statements:
+            name = _INDEX_NAME.search(statement)
+            invalid = name and await conn.fetchval(q["invalid_index"], name.group(1))
+            if invalid:
+                await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}")
+            await conn.execute(statement, timeout=OUTSIDE_TIMEOUT_S)
+        await conn.execute(q["record_migration"], target, version)
+        done.append(version)
+        log.info("migration_applied", version=version, table=target)
     return done
 
 
