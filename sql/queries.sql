@@ -3,13 +3,11 @@
 
 -- ============================================================ migrations
 
--- name: migration_lock
-SELECT pg_advisory_xact_lock(hashtext('outbox-relay:migrate'))
-
 -- name: migration_session_lock
--- The same lock for the whole run, taken by polling, never by waiting in a statement: a run
--- that builds an index CONCURRENTLY waits for every transaction older than the build, and a
--- second run waiting for the lock inside a statement would be one (a deadlock).
+-- One `relay migrate` at a time, for the whole run, taken by polling, never by waiting in a
+-- statement: a run that builds an index CONCURRENTLY waits for every transaction older than
+-- the build, and a second run waiting for the lock inside a statement would be one (a
+-- deadlock).
 SELECT pg_try_advisory_lock(hashtext('outbox-relay:migrate'))
 
 -- name: migration_session_unlock

@@ -80,6 +80,9 @@ class Worker:
         self._gap_s = float("inf")
         self.tracing: Tracing = tracing or NoTracing()
         self._trace = NO_SWEEP  # the current wake-up's trace (relay/tracing)
+        # Bytes per claim, shared by the lanes (they share the broker link) and kept across
+        # drains, so a slow link is not met with a full batch again at every wake-up.
+        self._bytes = LaneBytes(config.batch_max_bytes, config.publish_budget_s)
 
     def wake(self) -> None:
         """Ask for a sweep now (called on NOTIFY and after reconnects)."""
@@ -221,7 +224,6 @@ class Worker:
             raise
 
     async def _lane_batches(self, failed: asyncio.Event) -> None:
-        budget = LaneBytes(self.config.batch_max_bytes, self.config.publish_budget_s)
         while not self.stopping and not failed.is_set():
             if not self.publisher.ready:
                 # Hand the sleeper role to a replica that can publish meanwhile.
@@ -235,7 +237,7 @@ class Worker:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), timeout=0.2)
                     continue
-            claimed = await self.run_batch(budget)
+            claimed = await self.run_batch()
             # A keyed claim is also bounded by the keys per batch, so a short batch with keyed
             # rows does not mean the backlog is empty: only an empty claim says that.
             if self._short(claimed):
@@ -265,15 +267,12 @@ class Worker:
                 task.cancel()
             await asyncio.gather(ready, stop, return_exceptions=True)
 
-    async def run_batch(self, budget: LaneBytes | None = None) -> int:
-        """Run one batch (relay/loop/batch.py) within a lane's byte `budget`; return the
+    async def run_batch(self) -> int:
+        """Run one batch (relay/loop/batch.py) within the lanes' byte budget; return the
         number of rows claimed."""
-        plan = self._plan(self.config.batch_size)
-        if budget is not None:
-            plan = replace(plan, max_bytes=budget.now)
+        plan = replace(self._plan(self.config.batch_size), max_bytes=self._bytes.now)
         report = await run_batch(self.store, self.publisher, plan, self._trace)
-        if budget is not None:
-            budget.after(report)
+        self._bytes.after(report)
         # Read by _lane right after this returns (no await in between, so lanes cannot mix).
         self._last_full_by_bytes = report.full_by_bytes
         self._last_had_keys = any(r.ordering_key is not None for r in report.rows)

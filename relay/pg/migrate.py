@@ -164,9 +164,8 @@ _INDEX_NAME = re.compile(r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(
 def split_migration(text: str) -> tuple[str, list[str]]:
     """A migration's transactional part and its statements to run outside a transaction."""
     inside, _, outside = text.partition(OUTSIDE_MARKER)
-    statements = [s.strip() for s in outside.split(";")]
-    return inside, [s for s in statements if s and not all(
-        line.strip().startswith("--") or not line.strip() for line in s.splitlines())]
+    code = "\n".join(line for line in outside.splitlines() if not line.lstrip().startswith("--"))
+    return inside, [s.strip() for s in code.split(";") if s.strip()]
 
 
 async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
@@ -176,9 +175,9 @@ async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
     applied_now: list[str] = []
     outside: list[tuple[str, list[str]]] = []
     async with conn.transaction():
-        await conn.execute(q["migration_lock"])
-        # Before any look-up: a DDL statement makes this backend read the catalog changes
-        # that the run we waited for committed. to_regclass() alone takes no lock and may
+        # (The run's own lock is held already, _take_migration_lock.) Before any look-up: a
+        # DDL statement makes this backend read the catalog changes that the run we waited
+        # for committed. to_regclass() alone takes no lock and may
         # answer from a stale catalog cache ("no migrations table"), applying all again.
         await conn.execute(q["create_migrations_table"])
         todo = await plan(conn, names, notify)

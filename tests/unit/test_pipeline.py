@@ -171,6 +171,12 @@ async def test_publish__messages_the_encoder_refuses_are_never_sent() -> None:
 # ---------------------------------------------------------------- the bulk transport's send
 
 
+def _large_messages() -> list[Message]:
+    """Four 600 KB messages: two to a write (relay/amqp/frames.py CHUNK_BYTES)."""
+    return [Message(f"b{i}", "x", "rk", b"y" * 600_000, BATCH[0].properties, True)
+            for i in range(4)]
+
+
 def _bulk(queue_size: int = 0) -> tuple[Bulk, _ConfirmChannel]:
     raw = SimpleNamespace(is_closed=False, write_queue=asyncio.Queue(maxsize=queue_size),
                           closing=asyncio.get_running_loop().create_future())
@@ -225,8 +231,7 @@ async def test_bulk_send__a_deadline_between_writes_keeps_what_was_confirmed_and
     open and the next pass's tags follow the written messages. (Before: every message lost,
     the confirmed one included, and the channel closed under the other lanes.)"""
     bulk, channel = _bulk()
-    big = [Message(f"b{i}", "x", "rk", b"y" * 600_000, BATCH[0].properties, True)
-           for i in range(4)]
+    big = _large_messages()
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(bulk.send(big, loop.time() + 0.3))
     first = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
@@ -256,8 +261,7 @@ async def test_bulk_send__returns_are_read_from_the_channel_the_pass_went_on() -
 
 async def test_bulk_send__a_channel_closed_between_writes_gets_no_more_frames() -> None:
     bulk, channel = _bulk()
-    big = [Message(f"b{i}", "x", "rk", b"y" * 600_000, BATCH[0].properties, True)
-           for i in range(4)]
+    big = _large_messages()
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(bulk.send(big, loop.time() + 5))
     first = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
