@@ -141,3 +141,43 @@ async def test_drain__after_a_lane_fails_the_others_claim_no_new_batch() -> None
     # the sweep's batch, then at most one more batch per surviving lane
     assert len(store.deleted) <= 10 * 3
     assert len(store.rows) >= 170
+
+
+class _CarryingExpress:
+    """An express lane that carries live rows for the whole drain (`carrying` is True)."""
+
+    carrying = True
+
+    async def run_until(self, done: asyncio.Event, run_batch: object) -> None:
+        await done.wait()
+
+
+async def _drain_counting_lanes(express: object | None) -> tuple[int, FakeStore]:
+    """Drain 200 rows with 3 lanes; the most batches that were publishing at once."""
+    store, pub = FakeStore(rows(200)), FakePublisher()
+    worker = Worker(store, pub, WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30),
+                    express=express)  # type: ignore[arg-type]
+    real_publish = pub.publish
+    now = most = 0
+
+    async def publish(messages, *, deadline=None):  # type: ignore[no-untyped-def]
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        await asyncio.sleep(0.005)
+        try:
+            return await real_publish(messages, deadline=deadline)
+        finally:
+            now -= 1
+
+    pub.publish = publish  # type: ignore[method-assign]
+    await asyncio.wait_for(worker.drain(), timeout=10)
+    return most, store
+
+
+async def test_drain__keeps_one_lane_fewer_while_the_express_lane_carries_live_rows() -> None:
+    most, store = await _drain_counting_lanes(None)
+    assert most == 3, "without live rows every lane runs"
+    most, store = await _drain_counting_lanes(_CarryingExpress())
+    assert most == 2, "the last lane waits while live rows flow"
+    assert store.rows == [], "and the drain still ends with the backlog empty"
