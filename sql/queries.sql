@@ -181,6 +181,10 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 --   and the oldest rows always go.
 --   $7 (NULL: none): the fair round takes transactions up to this one only (the newer ones are
 --   the express lane's while it runs, relay/loop/express.py).
+--   Then, in what is left of that half, a share from each of up to 32 producers' fairness keys,
+--   in turn from the first key after $9 (NULL: the first), by {claim_keys_fn}
+--   (sql/migrations/0012_fairness_key.sql); such rows come with their key in `fair_key`, so
+--   that the next claim goes on after the last key served.
 --   Both parts take rows from seq $5 up (deleted rows a pinned xmin horizon keeps in the index
 --   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
@@ -198,7 +202,7 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 WITH turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
 keyed_first AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
-           f.seq, f.ordering_key
+           f.seq, f.ordering_key, NULL::text AS fair_key
     FROM turn AS t, {claim_keyed_fn}(CASE WHEN t.keyed_first THEN $1::integer END, $2::integer,
                                     $3::boolean, $4::bigint) AS f
     WHERE t.keyed_first),
@@ -212,11 +216,19 @@ fair AS (
     FROM room_after_keyed AS r,
          {claim_fair_fn}(CASE WHEN r.n_bytes > 0 THEN r.n_rows::integer END, $5::bigint,
                          NULL, $7::text::xid8) AS f),
+fair_by_key AS (
+    SELECT k.seq, k.fairness_key
+    FROM room_after_keyed AS r, (SELECT count(*) AS n FROM fair) AS x,
+         {claim_keys_fn}(CASE WHEN r.n_bytes > 0 THEN (r.n_rows / 2 - x.n)::integer END,
+                         GREATEST(r.n_rows / 64, 1)::integer, $5::bigint, $9::text) AS k),
 fair_seqs AS (
-    SELECT COALESCE(array_agg(seq), '{}'::bigint[]) AS seqs, count(*) AS n FROM fair),
+    SELECT COALESCE(array_agg(DISTINCT a.seq), '{}'::bigint[]) AS seqs,
+           count(DISTINCT a.seq) AS n,
+           COALESCE((SELECT array_agg(seq) FROM fair_by_key), '{}'::bigint[]) AS by_key
+    FROM (SELECT seq FROM fair UNION ALL SELECT seq FROM fair_by_key) AS a),
 unkeyed AS (
     SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
-           w.seq, w.ordering_key
+           w.seq, w.ordering_key, w.fair_key
     FROM (SELECT c.*,
                  sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
                      OVER (ORDER BY c.fill, c.seq)
@@ -226,7 +238,10 @@ unkeyed AS (
                        convert_to(content::text, 'UTF8') AS content, options::text AS options,
                        GREATEST(attempts, 0) AS attempts,
                        EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
-                       NULL::text AS ordering_key, false AS fill
+                       NULL::text AS ordering_key,
+                       CASE WHEN seq = ANY((SELECT by_key FROM fair_seqs)::bigint[])
+                            THEN fairness_key END AS fair_key,
+                       false AS fill
                 FROM {table}
                 WHERE seq = ANY((SELECT seqs FROM fair_seqs)::bigint[])
                 UNION ALL
@@ -235,7 +250,7 @@ unkeyed AS (
                            convert_to(content::text, 'UTF8') AS content,
                            options::text AS options, GREATEST(attempts, 0) AS attempts,
                            EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
-                           NULL::text AS ordering_key, true AS fill
+                           NULL::text AS ordering_key, NULL::text AS fair_key, true AS fill
                     FROM {table}
                     WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $5
                       AND seq <> ALL((SELECT seqs FROM fair_seqs)::bigint[])
@@ -253,7 +268,7 @@ room_after_unkeyed AS (
     FROM unkeyed),
 keyed_after AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
-           f.seq, f.ordering_key
+           f.seq, f.ordering_key, NULL::text AS fair_key
     FROM turn AS t, room_after_unkeyed AS r,
          {claim_keyed_fn}(CASE WHEN NOT t.keyed_first THEN r.n_rows::integer END, $2::integer,
                           $3::boolean, r.n_bytes::bigint) AS f
@@ -261,7 +276,8 @@ keyed_after AS (
 SELECT c.id, c.exchange, c.routing_key,
        CASE WHEN octet_length(c.content) <= $8 THEN c.content END AS content,
        c.options, c.attempts, c.created_at_s, c.seq, c.ordering_key,
-       CASE WHEN octet_length(c.content) > $8 THEN octet_length(c.content) END AS withheld
+       CASE WHEN octet_length(c.content) > $8 THEN octet_length(c.content) END AS withheld,
+       c.fair_key
 FROM (SELECT * FROM keyed_first
       UNION ALL
       SELECT * FROM unkeyed

@@ -61,6 +61,7 @@ class TableNames:
             "notify_trigger": quote_ident(self.name + "_notify"),
             "claim_keyed_fn": self._q("_claim_keyed"),
             "claim_fair_fn": self._q("_claim_fair"),
+            "claim_keys_fn": self._q("_claim_keys"),
             "replay_fn": self._q("_replay"),
             "replay_fn_literal": "'" + self._q("_replay").replace("'", "''") + "'",
             "dead_letter_fn": self._q("_park"),

@@ -115,7 +115,8 @@ def _uuid_array_literal(ids: Sequence[str]) -> str:
 async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                         keyed_first: bool = True, *, floor: SeqFloor | None = None,
                         express: bool = False, after: int | None = None,
-                        upto: int | None = None) -> tuple[list[OutboxRow], bool]:
+                        upto: int | None = None, keys: FairKeyCursor | None = None,
+                        ) -> tuple[list[OutboxRow], bool]:
     """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
     unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py), in one statement;
     return them in seq order, and whether the byte budget ended the claim.
@@ -127,7 +128,8 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     `express`: the fair round alone (the express lane, relay/loop/express.py), of the
     transactions newer than `after`; it reads the floor but never moves it, since its rows are
     the newest, not the lowest. `upto`: the fair round of any other claim takes transactions
-    up to this one only (the newer ones are the express lane's while it runs).
+    up to this one only (the newer ones are the express lane's while it runs). `keys`: where
+    the fairness keys' round begins, moved on to the last key this claim served.
     """
     if express:
         start = floor.start() if floor is not None else SWEEP
@@ -142,10 +144,13 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     else:
         start = floor.start() if floor is not None else SWEEP
         started = time.monotonic()
+        key_from = keys.start if keys is not None else None
         records = list(await conn.fetch(q["claim"], limit, opts.keys_per_batch,
                                         opts.block_on_dead, opts.max_bytes, start, keyed_first,
                                         None if upto is None else str(upto),
-                                        opts.max_message_bytes))
+                                        opts.max_message_bytes, key_from))
+        if keys is not None:
+            keys.served(key_from, [r["fair_key"] for r in records if r["fair_key"] is not None])
         if floor is not None:
             unkeyed = [r["seq"] for r in records if r["ordering_key"] is None]
             floor.claimed(start, min(unkeyed) if unkeyed else None, time.monotonic() - started)
@@ -159,6 +164,27 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
         for r in records
     ]
     return rows, used >= opts.max_bytes
+
+
+class FairKeyCursor:
+    """Where the next claim's fairness keys' round begins (sql/migrations/0012): after the last
+    key the previous claim served, in the order the round visits keys (text order from its
+    start, then round to the beginning), so that with more keys than one claim visits, each
+    key's turn comes. Shared by a relay's lanes: an approximate turn is enough."""
+
+    def __init__(self) -> None:
+        self.start: str | None = None
+
+    def served(self, start: str | None, keys: Sequence[str]) -> None:
+        """The claim that began at `start` served rows of `keys`."""
+        if not keys:
+            return
+        if start is None:
+            self.start = max(keys)
+            return
+        # Keys after `start` came first, then (round to the beginning) those up to it.
+        after_wrap = [k for k in keys if k <= start]
+        self.start = max(after_wrap) if after_wrap else max(keys)
 
 
 def _bytes(records: Sequence[Any]) -> int:
@@ -183,6 +209,8 @@ class Outbox:
         # While the express lane runs: the newest transaction of the drain's start; the fair
         # round of the drain's own claims stops there (ExpressOutbox.after).
         self.fair_upto: int | None = None
+        # Where the next claim's fairness keys' round begins.
+        self._fair_keys = FairKeyCursor()
 
     @classmethod
     async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
@@ -270,7 +298,8 @@ class Outbox:
                     opts = replace(opts, max_bytes=max_bytes)
                 records, full_by_bytes = await claim_records(
                     conn, self.q, opts, limit, self._claims % 2 == 0,
-                    floor=self.floor, express=express, after=after, upto=self.fair_upto)
+                    floor=self.floor, express=express, after=after, upto=self.fair_upto,
+                    keys=self._fair_keys)
             except asyncpg.UndefinedTableError as exc:
                 raise SchemaError() from exc
             except DB_ERRORS as exc:

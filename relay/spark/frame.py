@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 
 REQUIRED = ("exchange", "routing_key", "content")
 JSON_COLUMNS = ("content", "options")
-TEXT_COLUMNS = ("exchange", "routing_key", "ordering_key", "id")
+TEXT_COLUMNS = ("exchange", "routing_key", "ordering_key", "fairness_key", "id")
 TIME_COLUMNS = ("available_at",)
 #: Columns the relay fills and updates itself; a job never writes them.
-MANAGED = ("seq", "created_at", "attempts", "last_error")
+MANAGED = ("seq", "created_at", "attempts", "last_error", "xact")
 
 _UUID_RE = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
 _SHOWN_CHARS = 80
@@ -143,6 +143,7 @@ def prepare(
     table_columns: Mapping[str, str],
     exchange: str | None = None,
     routing_key: str | None = None,
+    fairness_key: str | None = None,
     key: Sequence[str] | None = None,
     ids: str | None = None,
     order_by: Sequence[str] = (),
@@ -158,7 +159,8 @@ def prepare(
 
     if ids not in (None, "random"):
         raise OutboxColumnError(f"ids={ids!r}: the only accepted value is 'random'")
-    for name, value in (("exchange", exchange), ("routing_key", routing_key)):
+    for name, value in (("exchange", exchange), ("routing_key", routing_key),
+                        ("fairness_key", fairness_key)):
         if value is None:
             continue
         if name in df.columns:

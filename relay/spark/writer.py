@@ -99,10 +99,15 @@ def write_outbox(
     batch_size: int = 10_000,
     exchange: str | None = None,
     routing_key: str | None = None,
+    fairness_key: str | None = None,
     validate: bool = True,
 ) -> WriteResult:
     """Write a DataFrame of outbox rows (exchange, routing_key, content; optionally id, options,
-    ordering_key, available_at) into the relay's table.
+    ordering_key, available_at, fairness_key) into the relay's table.
+
+    `fairness_key` (or a `fairness_key` column) marks the job's rows for the relay's claims,
+    which are fair between fairness keys (docs/fairness.md): `fairness_key="backfill"` keeps
+    the job's rows from holding back other producers' rows, whatever its transactions.
 
     Ids: `key` names the columns of each event's natural key (id = outbox_id(key); key columns
     that are not outbox columns are not written), or the DataFrame has an `id` column; the
@@ -121,7 +126,8 @@ def write_outbox(
             _check_append_allowed(conn, target)
         prepared = prepare(
             df, table=target.table, table_columns=table_columns, exchange=exchange,
-            routing_key=routing_key, key=key, ids=ids, order_by=order_by,
+            routing_key=routing_key, fairness_key=fairness_key, key=key, ids=ids,
+            order_by=order_by,
             idempotent=mode is not WriteMode.APPEND,
         )
         if validate:

@@ -1,6 +1,7 @@
-"""Property: under any mix of transaction sizes, keys and delayed rows, the claim statement
-(query `claim`, run as a relay runs it: batches in turn, keyed first every other one) claims
-every due row exactly once and no row that is not due (nor a keyed row behind one), keeps
+"""Property: under any mix of transaction sizes, keys, fairness keys and delayed rows, the
+claim statement (query `claim`, run as a relay runs it: batches in turn, keyed first every
+other one, the fairness keys' turn carried from claim to claim) claims every due row exactly
+once and no row that is not due (nor a keyed row behind one), keeps
 each key's order, starves no row, and gives every one of the newest transactions a row in
 each unkeyed-first claim.
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from relay.pg.queries import Queries
 from relay.pg.seqfloor import SWEEP
+from relay.pg.store import FairKeyCursor
 from tests.conftest import NAMES
 
 BATCH = 20
@@ -29,11 +31,13 @@ FAIR_XACTS = min(32, BATCH // 2)
 
 @dataclass(frozen=True)
 class Txn:
-    """One producer transaction: `rows` rows, all with `key` (None: unkeyed), due now or not."""
+    """One producer transaction: `rows` rows, all with `key` (None: unkeyed), due now or not,
+    all with the fairness key `fair` (None: none)."""
 
     rows: int
     key: str | None
     delayed: bool
+    fair: str | None = None
 
 
 _txn = st.builds(
@@ -41,6 +45,7 @@ _txn = st.builds(
     rows=st.one_of(st.integers(1, 3), st.integers(1, 120)),
     key=st.sampled_from([None, None, None, "a", "b", "c"]),
     delayed=st.sampled_from([False, False, False, False, True]),
+    fair=st.sampled_from([None, None, "t1", "t2", "t3", "", "té"]),
 )
 
 
@@ -57,11 +62,11 @@ async def _load(conn: asyncpg.Connection, mix: list[Txn]) -> dict[int, Row]:
     for i, txn in enumerate(mix):
         await conn.execute(
             "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, "
-            "available_at) "
+            "available_at, fairness_key) "
             "SELECT 'x', 'rk', jsonb_build_object('t', $1::int, 'r', g), $2::text, "
-            "CASE WHEN $3 THEN now() + interval '1 hour' ELSE now() END "
+            "CASE WHEN $3 THEN now() + interval '1 hour' ELSE now() END, $5::text "
             "FROM generate_series(1, $4::int) g ORDER BY g",
-            i, txn.key, txn.delayed, txn.rows)
+            i, txn.key, txn.delayed, txn.rows, txn.fair)
     records = await conn.fetch(
         "SELECT seq, xact::text::bigint AS xact, ordering_key, available_at <= now() AS due "
         "FROM queue_message")
@@ -79,6 +84,7 @@ async def _load(conn: asyncpg.Connection, mix: list[Txn]) -> dict[int, Row]:
 
 async def _run(dsn: str, mix: list[Txn]) -> None:
     claim = Queries(NAMES)["claim"]
+    keys = FairKeyCursor()
     conn = await asyncpg.connect(dsn)
     try:
         rows = await _load(conn, mix)
@@ -90,9 +96,12 @@ async def _run(dsn: str, mix: list[Txn]) -> None:
             keyed_first = round_no % 2 == 0
             remaining = set(rows) - set(claimed_in)
             async with conn.transaction():
-                got = [r["seq"] for r in await conn.fetch(
+                start = keys.start
+                records = await conn.fetch(
                     claim, BATCH, KEYS_PER_BATCH, False, 1 << 30, SWEEP, keyed_first, None,
-                    16 << 20)]
+                    16 << 20, start)
+                keys.served(start, [r["fair_key"] for r in records if r["fair_key"] is not None])
+                got = [r["seq"] for r in records]
                 await conn.execute("DELETE FROM queue_message WHERE seq = ANY($1::bigint[])",
                                    got)
             assert len(got) == len(set(got)) <= BATCH, f"round {round_no}: {got}"

@@ -32,7 +32,7 @@ async def _claims(conn: asyncpg.Connection, limit: int) -> dict[str, list[asyncp
     """Each statement's claim of every row, each in a transaction rolled back."""
     out = {}
     for name, args in (
-        ("claim", (Q["claim"], 1000, 64, False, NO_BYTE_LIMIT, SWEEP, True, None, limit)),
+        ("claim", (Q["claim"], 1000, 64, False, NO_BYTE_LIMIT, SWEEP, True, None, limit, None)),
         ("claim_express", (Q["claim_express"], 64, NO_BYTE_LIMIT, SWEEP, "0", limit)),
         ("claim_single_active", (Q["claim_single_active"], 1000, False, NO_BYTE_LIMIT, limit)),
     ):

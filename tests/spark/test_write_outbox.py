@@ -249,3 +249,16 @@ async def test_write_outbox__string_json_and_options_reach_the_table_as_jsonb(
     row = await pg_fetchrow(db, "SELECT jsonb_typeof(content) AS t, content->'a' AS a, "
                               "options->>'contentType' AS ct FROM queue_message")
     assert (row["t"], json.loads(row["a"]), row["ct"]) == ("object", [1, 2], "application/json")
+
+
+async def test_write_outbox__marks_the_jobs_rows_with_a_fairness_key(spark: Any, db: str) -> None:
+    """staged: every row carries the key; the relay's columns stay out of the job's reach."""
+    write_outbox(events(spark, 50, "x", tag="fair"), dsn=db, fairness_key="backfill")
+    marked = await pg_fetchrow(
+        db, "SELECT count(*) AS n, count(*) FILTER (WHERE fairness_key = 'backfill') AS k "
+            "FROM queue_message")
+    assert (marked["n"], marked["k"]) == (50, 50)
+    from pyspark.sql import functions as F
+
+    with pytest.raises(OutboxColumnError, match="'xact' is managed by the relay"):
+        write_outbox(events(spark, 1, "x", tag="xact").withColumn("xact", F.lit(1)), dsn=db)
