@@ -217,10 +217,14 @@ fair AS (
          {claim_fair_fn}(CASE WHEN r.n_bytes > 0 THEN r.n_rows::integer END, $5::bigint,
                          NULL, $7::text::xid8) AS f),
 fair_by_key AS (
+    -- Only while some unkeyed row has a fairness key (one look at an index that holds only
+    -- such rows): the function costs a plan of its own at every call.
     SELECT k.seq, k.fairness_key
     FROM room_after_keyed AS r, (SELECT count(*) AS n FROM fair) AS x,
          {claim_keys_fn}(CASE WHEN r.n_bytes > 0 THEN (r.n_rows / 2 - x.n)::integer END,
-                         GREATEST(r.n_rows / 64, 1)::integer, $5::bigint, $9::text) AS k),
+                         GREATEST(r.n_rows / 64, 1)::integer, $5::bigint, $9::text) AS k
+    WHERE EXISTS (SELECT 1 FROM {table} AS e
+                  WHERE e.ordering_key IS NULL AND e.fairness_key IS NOT NULL)),
 fair_seqs AS (
     SELECT COALESCE(array_agg(DISTINCT a.seq), '{}'::bigint[]) AS seqs,
            count(DISTINCT a.seq) AS n,
