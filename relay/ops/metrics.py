@@ -100,6 +100,12 @@ class BrokerNodeCollector:
             "one before.", value=failovers)
 
 
+# Exchange names come from rows: the label set is bounded, so that producers that name an
+# exchange per tenant or per request cannot grow the series (and every scrape) without end.
+EXCHANGE_SERIES = 100
+OTHER_EXCHANGES = "(other)"
+
+
 class RelayMetrics:
     """The relay's series; the worker reports each settled batch through observe_batch()."""
 
@@ -108,9 +114,11 @@ class RelayMetrics:
         r = self.registry
         self.published = Counter(
             "relay_messages_published",
-            "Messages confirmed by the broker and settled, by exchange.",
+            "Messages confirmed by the broker and settled, by exchange (the first "
+            f"{EXCHANGE_SERIES} exchanges seen; later ones count as {OTHER_EXCHANGES!r}).",
             ["exchange"], registry=r,
         )
+        self._exchanges: set[str] = set()
         self.failed = Counter(
             "relay_messages_failed",
             "Rows not published by their batch (retried, dead-lettered, or left untouched for an "
@@ -202,6 +210,16 @@ class RelayMetrics:
         if broker_node is not None:
             BrokerNodeCollector(broker_node, self.registry)
 
+    def _exchange_label(self, exchange: str) -> str:
+        """The exchange's own series while fewer than EXCHANGE_SERIES exist, else the shared
+        one."""
+        if exchange in self._exchanges:
+            return exchange
+        if len(self._exchanges) < EXCHANGE_SERIES:
+            self._exchanges.add(exchange)
+            return exchange
+        return OTHER_EXCHANGES
+
     def observe_batch(
         self,
         rows: Sequence[OutboxRow],
@@ -245,7 +263,7 @@ class RelayMetrics:
                 if row.created_at_s is not None and math.isfinite(row.created_at_s)]
         self.message_age.observe_many(age if age > 0 else 0.0 for age in ages)
         for exchange, n in exchanges.items():
-            self.published.labels(exchange).inc(n)
+            self.published.labels(self._exchange_label(exchange)).inc(n)
         fates: Tally[tuple[Kind, str]] = Tally((v.kind, v.code) for v in verdicts)
         for (kind, code), n in fates.items():
             self.verdicts.labels(kind.value, code).inc(n)

@@ -10,7 +10,7 @@ import html
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from relay.errors import RelayError
+from relay.errors import DatabaseUnavailable, RelayError
 
 REFRESH_S = 5
 
@@ -129,7 +129,14 @@ class StatusPage:
         try:
             doc = await self._source()
         except RelayError as exc:
-            return 503, render_error(self._table, f"cannot read the status: {exc}").encode()
+            # The error's text names the server (host, user, database): it goes to the log
+            # (relay/pg/status.py), and the page, which anyone who reaches the port can read,
+            # says only what kind of failure it is.
+            what = ("the database cannot be reached" if isinstance(exc, DatabaseUnavailable)
+                    else "the database did not answer the status queries")
+            return 503, render_error(
+                self._table, f"cannot read the status: {what} (the relay's log has the "
+                "details)").encode()
         node = None if self._broker_node is None else self._broker_node()
         return 200, render(doc, node).encode()
 

@@ -10,11 +10,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
+from relay.backoff import jittered_delay_s
 from relay.errors import DatabaseError, SchemaError
 from relay.pg.connection import DB_ERRORS, session, table_names
 from relay.pg.queries import Queries
 from relay.pg.schema import require_current
 from relay.settings import Settings
+
+log = structlog.get_logger("relay.pg.status")
 
 
 @dataclass
@@ -97,18 +102,24 @@ class StatusSource:
 
     Its own connection, opened at the first request (a relay nobody looks at pays nothing)
     and reopened after an error; samples are reused for `min_interval_s`, so a page that
-    refreshes, or several viewers, cost one sample per interval.
+    refreshes, or several viewers, cost one sample per interval. After a failure the next
+    attempt waits (1 s, doubling up to `max_backoff_s`): meanwhile every request gets the
+    same failure at once, so a page polled while the database is down costs no logins.
     """
 
     def __init__(self, connect: Callable[[], Awaitable[Any]], queries: Queries, table: str,
-                 min_interval_s: float = 2.0) -> None:
+                 min_interval_s: float = 2.0, max_backoff_s: float = 30.0) -> None:
         self._connect = connect
         self._q = queries
         self._table = table
         self._min_interval_s = min_interval_s
+        self._max_backoff_s = max_backoff_s
         self._conn: Any = None
         self._samples: list[Sample] = []  # the last two
         self._lock = asyncio.Lock()
+        self._failures = 0
+        self._failed: DatabaseError | None = None
+        self._retry_at = 0.0
 
     async def document(self) -> dict[str, Any]:
         """The latest status (rates against the sample before); DatabaseError when down."""
@@ -120,13 +131,21 @@ class StatusSource:
             return document(self._table, self._samples[-1], before)
 
     async def _sample(self) -> None:
+        if self._failed is not None and time.monotonic() < self._retry_at:
+            raise self._failed
         try:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await self._connect()
             sample = await StatusReader(self._conn, self._q).sample()
-        except DatabaseError:
+        except DatabaseError as exc:
             await self.close()
+            self._failed = exc
+            self._retry_at = time.monotonic() + jittered_delay_s(
+                1.0, self._max_backoff_s, self._failures)
+            self._failures += 1
+            log.warning("status_unreadable", error=str(exc))
             raise
+        self._failed, self._failures = None, 0
         self._samples = [*self._samples[-1:], sample]
 
     async def close(self) -> None:

@@ -3,16 +3,22 @@ headless Chromium (Debian's `chromium`, installed by .ci/steps/ops.sh)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import secrets
 import shutil
 import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from tests.helpers import Env, insert_rows, pg_session, wait_until
+from tests.chaos.harness import via_proxy
+from tests.helpers import Env, insert_rows, pg_session, wait_until, with_user
 from tests.integration.test_http import http_get
-from tests.proxy import free_port
+from tests.proxy import TcpProxy, free_port
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -115,3 +121,50 @@ async def test_status_page__says_why_when_the_database_cannot_be_read(
         await wait_until(explains, timeout_s=30, what="status page 503 with the reason")
         await conn.execute("ALTER TABLE queue_message_dead_x RENAME TO queue_message_dead")
     await wait_until(up, timeout_s=30, what="status page back")
+
+
+async def test_status_page__polled_while_logins_fail_costs_a_handful_of_logins_and_names_no_host(
+    env: Env, start_relay
+) -> None:
+    """500 requests to / while the relay's database login is refused: the page answers 503 at
+    once from the last failure and tries again with backoff (before, every request logged in),
+    and it names neither the server nor the user (the log has them)."""
+    role = f"relay_pg_{secrets.token_hex(3)}"
+    port = free_port()
+    async with pg_session(env.pg_dsn) as admin:
+        parts = urlsplit(env.pg_dsn)
+        proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+        try:
+            await admin.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
+            relay = start_relay(pg_dsn=via_proxy(with_user(env.pg_dsn, role), proxy.port),
+                                http_port=port)
+
+            async def up() -> bool:
+                return (await http_get(port, "/"))[0] == 200
+
+            await wait_until(up, timeout_s=60, what="the status page")
+            await admin.execute(f"ALTER ROLE {role} NOLOGIN")
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE usename = $1", role)
+            await asyncio.sleep(2.5)  # past the 2 s for which a sample is shown again
+            before, started = proxy.connections_made, time.monotonic()
+            pages = [await http_get(port, "/") for _ in range(500)]
+            logins = proxy.connections_made - before
+            took = time.monotonic() - started
+            print(f"database logins during 500 requests to /: {logins} in {took:.1f}s")
+            assert {status for status, _ in pages} == {503}
+            # The relay's own sessions back off too (test_broker_outages: 8 logins in 6 s).
+            assert logins <= 20, f"{logins} logins during 500 requests in {took:.1f}s"
+            text = pages[-1][1]
+            assert "cannot read the status" in text
+            for secret in (role, f":{proxy.port}", parts.hostname or "127.0.0.1"):
+                assert secret not in text, f"the page shows {secret!r}"
+            await admin.execute(f"ALTER ROLE {role} LOGIN")
+            await wait_until(up, timeout_s=60, what="the status page back")
+            assert await relay.stop() == 0
+        finally:
+            await proxy.close()
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE usename = $1", role)
+            with contextlib.suppress(Exception):
+                await admin.execute(f"DROP ROLE IF EXISTS {role}")

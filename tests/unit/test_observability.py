@@ -10,7 +10,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay.interfaces import Kind, OutboxRow, Reason, Verdict
 from relay.ops.http import Health, HttpServer, probe_body
-from relay.ops.metrics import BacklogPoller, BacklogSnapshot, RelayMetrics
+from relay.ops.metrics import (
+    EXCHANGE_SERIES,
+    OTHER_EXCHANGES,
+    BacklogPoller,
+    BacklogSnapshot,
+    RelayMetrics,
+)
 
 
 def row(i: int, exchange: str = "orders", created_at_s: float | None = 100.0) -> OutboxRow:
@@ -140,3 +146,18 @@ def test_route__serves_metrics_probes_and_refuses_the_rest() -> None:
     assert json.loads(body)["status"] == "ok"
     assert server.route("GET", "/elsewhere")[0] == 404
     assert server.route("POST", "/metrics")[0] == 405
+
+
+def test_observe_batch__the_exchange_series_are_bounded_and_later_ones_share_one() -> None:
+    m = RelayMetrics()
+    rows = [row(i, f"tenant-{i}") for i in range(EXCHANGE_SERIES + 50)]
+    m.observe_batch(rows, [Verdict(f"id{i}", Kind.PUBLISHED) for i in range(len(rows))],
+                    publish_s=0.01, batch_s=0.01, confirmed_at=102.5)
+    m.observe_batch(rows[:1], [Verdict("id0", Kind.PUBLISHED)], publish_s=0.01, batch_s=0.01,
+                    confirmed_at=103.0)
+    series = [s for f in text_string_to_metric_families(m.render().decode())
+              if f.name == "relay_messages_published" for s in f.samples
+              if s.name == "relay_messages_published_total"]
+    assert len(series) == EXCHANGE_SERIES + 1
+    assert sample(m, "relay_messages_published_total", exchange=OTHER_EXCHANGES) == 50
+    assert sample(m, "relay_messages_published_total", exchange="tenant-0") == 2
