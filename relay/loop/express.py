@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -31,8 +30,6 @@ log = structlog.get_logger("relay.loop.express")
 # Rows of one express claim: LEAST(32, rows / 2) transactions, one row each (the fair round's
 # share of a claim this size), so a burst of one-row transactions goes in one batch.
 EXPRESS_ROWS = 64
-# While the lane has carried rows this recently, the drain keeps one lane fewer in flight.
-CARRYING_S = 1.0
 # After a failure (the database or the broker away), the lane waits this long before it looks
 # again; the drain's lanes carry on meanwhile, or stop, and the drain's end stops the lane.
 FAILURE_PAUSE_S = 1.0
@@ -47,15 +44,6 @@ class ExpressLane:
     store: ExpressStore
     publisher: Publisher
     poll_s: float = 0.002
-    # When a batch of the lane last claimed rows (time.monotonic()).
-    carried_at: float = float("-inf")
-
-    @property
-    def carrying(self) -> bool:
-        """The lane carried rows within the last CARRYING_S: live rows are flowing. The drain
-        then keeps one lane fewer in flight, so that the broker and the database have a CPU
-        free for them (docs/fairness.md)."""
-        return time.monotonic() - self.carried_at < CARRYING_S
 
     async def run_until(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         """Look and claim until `done` is set; a batch in flight then finishes first.
@@ -110,12 +98,8 @@ class ExpressLane:
         """Claim and publish until a claim brings at most one transaction's row (a burst of
         commits may be more than one claim)."""
         try:
-            while not done.is_set():
-                claimed = await run_batch(self.store, self.publisher)
-                if claimed:
-                    self.carried_at = time.monotonic()
-                if claimed <= 1:
-                    break
+            while not done.is_set() and await run_batch(self.store, self.publisher) > 1:
+                pass
         except DatabaseError as exc:
             log.info("express_lane_paused", error=str(exc))
             failed.set()

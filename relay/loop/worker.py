@@ -24,9 +24,6 @@ from relay.tracing import NO_SWEEP, NoTracing, Tracing
 
 log = structlog.get_logger("relay.loop.worker")
 
-# How often a lane that yields to the express lane looks again.
-YIELD_PAUSE_S = 0.05
-
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -200,9 +197,7 @@ class Worker:
         # again. The others finish the batch they hold, claim no more, and the first failure
         # is raised once they have.
         failed = asyncio.Event()
-        ended: list[int] = []
-        lanes = [asyncio.ensure_future(self._lane(failed, i, ended))
-                 for i in range(self.config.concurrency)]
+        lanes = [asyncio.ensure_future(self._lane(failed)) for _ in range(self.config.concurrency)]
         # Beside the lanes, for as long as they run: rows that newer transactions commit
         # meanwhile go at once (relay/loop/express.py).
         drained = asyncio.Event()
@@ -221,30 +216,15 @@ class Worker:
             if isinstance(outcome, BaseException):
                 raise outcome
 
-    async def _lane(self, failed: asyncio.Event, index: int, ended: list[int]) -> None:
+    async def _lane(self, failed: asyncio.Event) -> None:
         try:
-            await self._lane_batches(failed, index, ended)
+            await self._lane_batches(failed)
         except Exception:
             failed.set()
             raise
-        finally:
-            ended.append(index)
 
-    def _yields(self, index: int) -> bool:
-        """The drain's last lane waits while the express lane carries live rows: two lanes
-        drain a single queue as fast as three on a small machine, and the CPU the third takes
-        from the broker and the database is what the live rows wait for (docs/fairness.md)."""
-        return (index > 0 and index == self.config.concurrency - 1
-                and self.express is not None and self.express.carrying)
-
-    async def _lane_batches(self, failed: asyncio.Event, index: int, ended: list[int]) -> None:
+    async def _lane_batches(self, failed: asyncio.Event) -> None:
         while not self.stopping and not failed.is_set():
-            if self._yields(index):
-                if ended:
-                    return  # the drain is ending: nothing left for this lane
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=YIELD_PAUSE_S)
-                continue
             if not self.publisher.ready:
                 # Hand the sleeper role to a replica that can publish meanwhile.
                 await self.gate.step_down()

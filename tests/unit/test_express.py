@@ -87,19 +87,3 @@ async def test_express__a_database_failure_pauses_the_lane_and_the_drain_end_sto
     done.set()
     await asyncio.wait_for(task, timeout=5)
     assert runner.batches == 0
-
-
-async def test_express__carrying_while_its_batches_claim_rows_and_not_after() -> None:
-    store, runner = _Store(), _Runner()
-    lane = ExpressLane(store, _Publisher(), poll_s=0.001)  # type: ignore[arg-type]
-    done = asyncio.Event()
-    task = asyncio.ensure_future(lane.run_until(done, runner))
-    await wait_until(lambda: store.looks > 5, timeout_s=5, what="looks")
-    assert not lane.carrying, "nothing claimed yet"
-    store.newest, runner.pending = 1, 3
-    await wait_until(lambda: runner.pending == 0, timeout_s=5, what="the new rows claimed")
-    assert lane.carrying
-    lane.carried_at -= 60  # a minute without live rows
-    assert not lane.carrying
-    done.set()
-    await asyncio.wait_for(task, timeout=5)
