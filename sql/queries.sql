@@ -390,11 +390,12 @@ WHERE t.id = f.id
 -- name: dead_letter
 -- Moves rows to the dead-letter table with their reason, in the claim's transaction, through
 -- the definer function of sql/migrations/0007 (the relay role has no INSERT there). Each
--- parked row is a dead letter of its own, also when its id was parked before.
-SELECT {dead_letter_fn}($1::uuid[], $2::text[], $3::boolean[])
-
--- name: notify_dead
-SELECT pg_notify({dead_channel_literal}, $1::text)
+-- parked row is a dead letter of its own, also when its id was parked before. The dead-letter
+-- channel hears how many rows were parked (nothing when none: the statement is also run empty,
+-- before any transaction, to prepare it; relay/pg/store.py).
+SELECT {dead_letter_fn}($1::uuid[], $2::text[], $3::boolean[]),
+       CASE WHEN cardinality($1::uuid[]) > 0
+            THEN pg_notify({dead_channel_literal}, cardinality($1::uuid[])::text) END
 
 -- name: seconds_until_next_due
 -- By epochs, as wakeup_check: an available_at of 'infinity' reads as Infinity, not an error.

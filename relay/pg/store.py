@@ -100,7 +100,6 @@ class _Claim:
             if settlement.dead:
                 ids, reasons, counted = zip(*settlement.dead, strict=True)
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
-                await self._conn.execute(self._q["notify_dead"], str(len(ids)))
         except DB_ERRORS as exc:
             drop_if_stuck(self._conn, exc)
             raise DatabaseError(f"settling a batch failed: {exc}") from exc
@@ -166,6 +165,10 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     return rows, used >= opts.max_bytes
 
 
+# Connections remembered as prepared before the set is cleared (a relay has a handful open).
+PREPARED_KEPT = 1000
+
+
 class FairKeyCursor:
     """Where the next claim's fairness keys' round begins (sql/migrations/0012): after the last
     key the previous claim served, in the order the round visits keys (text order from its
@@ -211,6 +214,9 @@ class Outbox:
         self.fair_upto: int | None = None
         # Where the next claim's fairness keys' round begins.
         self._fair_keys = FairKeyCursor()
+        # The connections whose claim statements are prepared (_prepare): (server pid, id of
+        # the connection's settings object, for the express lane's claim).
+        self._prepared: set[tuple[int, int, bool]] = set()
 
     @classmethod
     async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
@@ -290,6 +296,7 @@ class Outbox:
             raise DatabaseError(f"no database connection: {exc}") from exc
         try:
             try:
+                await self._prepare(conn, express)
                 await conn.execute("BEGIN")
                 if not express:
                     self._claims += 1
@@ -314,6 +321,35 @@ class Outbox:
                     await _rollback_quietly(conn)
         finally:
             await self._release(conn)
+
+    async def _prepare(self, conn: Conn, express: bool) -> None:
+        """Prepare, outside any transaction, every statement a claim's transaction runs, the
+        first time this connection claims. asyncpg prepares a statement at its first use with
+        Parse, Describe and Flush, and the server then waits for the rest without a timer
+        running (`active`, ClientRead: not idle in transaction, no statement timing out): a
+        link cut in that moment left the claim's rows locked for as long as the proxy that
+        answers for the relay keeps the connection. Each statement runs once with nothing to
+        do, which leaves it in the connection's statement cache."""
+        key = (conn.get_server_pid(), id(conn.get_settings()), express)
+        if key in self._prepared:
+            return
+        q, opts = self.q, self.claim_options
+        if express:
+            await conn.execute(q["claim_express"], 0, 0, SWEEP, None, opts.max_message_bytes)
+        elif opts.fence:
+            await conn.execute(q["claim_single_active"], 0, opts.block_on_dead, 0,
+                               opts.max_message_bytes)
+        else:
+            await conn.execute(q["claim"], 0, opts.keys_per_batch, opts.block_on_dead, 0,
+                               SWEEP, True, None, opts.max_message_bytes, None)
+        name = ("archive_published" if self._on_success is OnSuccess.ARCHIVE
+                else "delete_published")
+        await conn.execute(q[name], [])
+        await conn.execute(q["reschedule_failed"], [], [], [])
+        await conn.execute(q["dead_letter"], [], [], [])
+        if len(self._prepared) > PREPARED_KEPT:
+            self._prepared.clear()  # connections come and go: forget the old ones now and then
+        self._prepared.add(key)
 
     async def _release(self, conn: Conn) -> None:
         try:
