@@ -28,7 +28,16 @@ from typing import Any
 import aio_pika
 import aiormq
 
-from bench.common import AMQP_URL, OneOff, cpu_split, load_before, one_off, percentile, wait_quiet
+from bench.common import (
+    AMQP_URL,
+    OneOff,
+    cpu_split,
+    delete_queues,
+    load_before,
+    one_off,
+    percentile,
+    wait_quiet,
+)
 
 BODY = json.dumps({"order_id": 1, "customer": "customer-1", "sku": "SKU-000001", "qty": 1,
                    "amount_cents": 37, "currency": "EUR", "note": "x" * 64,
@@ -124,25 +133,13 @@ async def live(queue: str, seconds: float) -> tuple[list[float], list[float]]:
             [(confirmed[k] - t) * 1000 for k, t in sent.items()])
 
 
-async def _queues(tag: str) -> tuple[str, str]:
-    names = (f"floor-{tag}-bulk", f"floor-{tag}-live")
+async def _declare_empty(names: tuple[str, str]) -> None:
+    """Declare the two durable queues, emptied (again, after a phase)."""
     connection = await aio_pika.connect(AMQP_URL)
     try:
         channel = await connection.channel()
         for name in names:
-            await channel.declare_queue(name, durable=True)
-            await (await channel.get_queue(name)).purge()
-    finally:
-        await connection.close()
-    return names
-
-
-async def _delete(names: tuple[str, str]) -> None:
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
-        channel = await connection.channel()
-        for name in names:
-            await channel.queue_delete(name)
+            await (await channel.declare_queue(name, durable=True)).purge()
     finally:
         await connection.close()
 
@@ -170,7 +167,7 @@ async def run_once(names: tuple[str, str], phase: tuple[float | None, int], seco
         if proc.returncode != 0:
             raise RuntimeError(f"the bulk publisher exited {proc.returncode}")
         bulk_rate = json.loads(out.decode().strip().splitlines()[-1])["msg_per_s"]
-    await _queues(names[0].removeprefix("floor-").removesuffix("-bulk"))
+    await _declare_empty(names)
     return {
         "bulk_target": "none" if rate is None else ("max" if rate == 0 else f"{rate:,.0f}")
         + (f", nice {nice}" if nice else ""),
@@ -189,7 +186,8 @@ async def run_once(names: tuple[str, str], phase: tuple[float | None, int], seco
 async def measure(rates: list[tuple[float | None, int]], runs: int, seconds: float,
                   quiet_below: float) -> list[dict[str, Any]]:
     """Every phase, `runs` times, alternating."""
-    names = await _queues(str(os.getpid()))
+    names = (f"floor-{os.getpid()}-bulk", f"floor-{os.getpid()}-live")
+    await _declare_empty(names)
     records = []
     try:
         for run in range(1, runs + 1):
@@ -200,7 +198,7 @@ async def measure(rates: list[tuple[float | None, int]], runs: int, seconds: flo
                 print(record, flush=True)
                 records.append(record)
     finally:
-        await _delete(names)
+        await delete_queues(names)
     return records
 
 

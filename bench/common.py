@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -192,6 +192,17 @@ async def purge_queue(env: BenchEnv) -> None:
         ch = await amqp.channel()
         q = await ch.get_queue(env.queue)
         await q.purge()
+    finally:
+        await amqp.close()
+
+
+async def delete_queues(names: Iterable[str]) -> None:
+    """Delete these queues (a scenario's own, at its end)."""
+    amqp = await aio_pika.connect(AMQP_URL)
+    try:
+        ch = await amqp.channel()
+        for name in names:
+            await ch.queue_delete(name)
     finally:
         await amqp.close()
 

@@ -35,6 +35,7 @@ from bench.common import (
     OneOff,
     Relay,
     cpu_split,
+    delete_queues,
     load_before,
     one_off,
     one_off_env,
@@ -80,16 +81,6 @@ async def _queued(queues: list[str]) -> int:
         await amqp.close()
 
 
-async def _purge_and_drop(queues: list[str]) -> None:
-    amqp = await aio_pika.connect(AMQP_URL)
-    try:
-        ch = await amqp.channel()
-        for queue in queues:
-            await ch.queue_delete(queue)
-    finally:
-        await amqp.close()
-
-
 async def drain_to(env: BenchEnv, name: str, rows: int, relays: int) -> dict[str, Any]:
     """One drain of `rows` rows to destination `name`; msg/s and the CPU split."""
     queues, durable = DESTINATIONS[name]
@@ -120,7 +111,7 @@ async def drain_to(env: BenchEnv, name: str, rows: int, relays: int) -> dict[str
         await conn.close()
         for proc in procs:
             proc.stop()
-        await _purge_and_drop(names)
+        await delete_queues(names)
     seconds = emptied - committed
     return {"destination": name, "relays": relays, "rows": rows,
             "msg_per_s": round(rows / seconds, 1), "cpu_cores": cpu, "load_before": load,

@@ -40,6 +40,7 @@ from bench.common import (
     Relay,
     builds,
     checkpoint,
+    delete_queues,
     insert_backlog,
     load_before,
     one_off,
@@ -65,15 +66,6 @@ async def _bind_live_queue(env: BenchEnv) -> str:
     finally:
         await amqp.close()
     return queue
-
-
-async def _drop_queue(queue: str) -> None:
-    amqp = await aio_pika.connect(AMQP_URL)
-    try:
-        ch = await amqp.channel()
-        await ch.queue_delete(queue)
-    finally:
-        await amqp.close()
 
 
 class SparkBulk:
@@ -288,7 +280,7 @@ async def measure(rows: int, live_rate: int, *, relays: list[int], runs: int,
                     records.add({"run": i + 1, "build": build, **result,
                                  "settings": settings, "logs": str(log_dir)})
         finally:
-            await _drop_queue(live_queue)
+            await delete_queues([live_queue])
     return records
 
 

@@ -165,10 +165,6 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     return rows, used >= opts.max_bytes
 
 
-# Connections remembered as prepared before the set is cleared (a relay has a handful open).
-PREPARED_KEPT = 1000
-
-
 class FairKeyCursor:
     """Where the next claim's fairness keys' round begins (sql/migrations/0012): after the last
     key the previous claim served, in the order the round visits keys (text order from its
@@ -195,6 +191,10 @@ def _bytes(records: Sequence[Any]) -> int:
     # Options in characters, not re-encoded per row: the budget is "about", and options are
     # small beside content (the SQL side counts their octets).
     return sum(len(r["content"] or b"") + len(r["options"] or "") for r in records)
+
+
+# Connections remembered as prepared before the set is cleared (a relay has a handful open).
+PREPARED_KEPT = 1000
 
 
 class Outbox:
