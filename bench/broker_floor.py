@@ -38,12 +38,12 @@ from bench.common import (
     percentile,
     wait_quiet,
 )
+from bench.fairness import LIVE_RATE
 
 BODY = json.dumps({"order_id": 1, "customer": "customer-1", "sku": "SKU-000001", "qty": 1,
                    "amount_cents": 37, "currency": "EUR", "note": "x" * 64,
                    "created": "2026-01-01T00:00:00Z"}).encode()
 WINDOW = 1500
-LIVE_RATE = 200
 
 
 async def bulk_publisher(queue: str, rate: float, seconds: float) -> None:

@@ -54,9 +54,10 @@ from bench.compare import _revision
 from bench.server import run_on_private_server
 
 LIVE_KEY = "live"
+LIVE_RATE = 200  # one-row transactions per second, the targets' rate
 
 
-async def _bind_live_queue(env: BenchEnv) -> str:
+async def bind_live_queue(env: BenchEnv) -> str:
     queue = env.queue + "-live"
     amqp = await aio_pika.connect(AMQP_URL)
     try:
@@ -267,7 +268,7 @@ async def measure(rows: int, live_rate: int, *, relays: list[int], runs: int,
         if with_insert_cost:
             await wait_quiet(quiet_below)
             records.extend(await insert_cost(env, rows, runs))
-        live_queue = await _bind_live_queue(env)
+        live_queue = await bind_live_queue(env)
         writer = SparkBulk() if spark else None
         try:
             for n, i in ((n, i) for n in relays for i in range(runs)):
@@ -334,7 +335,7 @@ def main() -> None:
     """Parse arguments, run on a private cluster, write the report."""
     args, run = one_off("bench.fairness", runs=1, options={
         "--rows": {"type": int, "default": 300_000},
-        "--live-rate": {"type": int, "default": 200},
+        "--live-rate": {"type": int, "default": LIVE_RATE},
         "--relays": {"default": "1",
                      "help": "numbers of relays, in turn: 1,2 (empty: no drain runs)"},
         "--spark": {"action": "store_true",

@@ -146,6 +146,12 @@ def targets(s: dict[str, Any], mode: str) -> list[tuple[str, float | None, str, 
         r.get("pinned_horizon_vs_unpinned"), "≥", 0.8)
     add("drain with tracing on vs off (rows with a traceparent each)",
         r.get("tracing_on_vs_off"), "≥", 0.95)
+    for e in s.get("fairness", []):
+        beside = (f"live rows beside a {e['rows']:,}-row bulk, {e['relays']} "
+                  f"relay{'s' if e['relays'] > 1 else ''}")
+        add(f"{beside}: p50 ms", e["live_p50_ms"]["median"], "≤", 5)
+        add(f"{beside}: p99 ms", e["live_p99_ms"]["median"], "≤", 25)
+        add(f"{beside}: bulk drain vs alone", e["drain_ratio"]["median"], "≥", 0.8)
     return out
 
 
@@ -171,8 +177,31 @@ def render_markdown(report: dict[str, Any]) -> str:
                             "no DB)",
              "pg_claim_delete": "PostgreSQL DELETE … FOR UPDATE SKIP LOCKED, 3 × 500"}
     lines += [f"| {names[k]} | {_range(val)} |" for k, val in s["limits"].items()]
-    lines += _render_latency(s) + _render_producers(s) + [""]
+    lines += _render_latency(s) + _render_producers(s) + _render_fairness(s) + [""]
     return "\n".join(lines)
+
+
+def _render_fairness(s: dict[str, Any]) -> list[str]:
+    if not s.get("fairness"):
+        return []
+    lines = ["", "## Live rows beside a bulk job (bench/fairness.py)", "",
+             "The relays run with their defaults before a bulk job commits its rows in one "
+             "INSERT … SELECT (to a durable queue nobody consumes during the run); the bulk "
+             "drains once alone, then again while an application commits one row per "
+             "transaction (Poisson arrivals) to another queue the benchmark consumes. Live "
+             "latency: the producer's commit returned → consumer received, for live rows "
+             "committed before the bulk drained. bench/broker-floor-RESULTS.md gives the "
+             "broker's own floor for a live message beside a bulk publisher on this machine.",
+             "", "| relays | bulk rows | live rows/s | bulk alone msg/s | beside live msg/s | "
+             "drain ratio | live p50 ms | p95 | p99 | max | load before |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in s["fairness"]:
+        lines.append(f"| {e['relays']} | {e['rows']:,} | {e['live_rate_per_s']} | "
+                     f"{_range(e['alone_msg_per_s'])} | {_range(e['beside_live_msg_per_s'])} | "
+                     f"{_ratio(e['drain_ratio'])} | {_ms(e['live_p50_ms'])} | "
+                     f"{_ms(e['live_p95_ms'])} | {_ms(e['live_p99_ms'])} | "
+                     f"{_ms(e['live_max_ms'])} | {_loads(e['load_before'])} |")
+    return lines
 
 
 README_START = "<!-- bench/run.py --full writes this block from bench/results.json -->"
@@ -252,6 +281,13 @@ def render_readme_block(report: dict[str, Any]) -> str:
             kind = e["trigger"].replace("_", "-")
             lines.append(f"- A {rows:,}-row INSERT … SELECT with the {kind} trigger: "
                          f"{e['ratio_to_none']['median']:.2f}x the rate with none.")
+    for e in s.get("fairness", []):
+        lines.append(f"- Live one-row transactions at {e['live_rate_per_s']}/s beside a "
+                     f"{e['rows']:,}-row bulk transaction, {e['relays']} relay"
+                     f"{'s' if e['relays'] > 1 else ''}: p50 {e['live_p50_ms']['median']:.2f} "
+                     f"ms, p99 {e['live_p99_ms']['median']:.2f} ms while the bulk drained at "
+                     f"{e['drain_ratio']['median']:.2f}x its rate alone "
+                     f"(median of {e['live_p50_ms']['n']:.0f}).")
     lines += ["", *_cost_lines(s), "", README_END]
     return "\n".join(lines)
 

@@ -42,6 +42,8 @@ from bench.common import (
     wait_quiet,
 )
 from bench.drain import drain_once
+from bench.fairness import LIVE_RATE, bind_live_queue
+from bench.fairness import run_once as fairness_once
 from bench.latency import latency_once
 from bench.limits import aio_pika_limit, bulk_frame_limit, classic_relay, pg_claim_delete_limit
 from bench.producers import producer_rounds
@@ -77,14 +79,19 @@ class Plan:
     # a drain leaves this 2-core machine at ~2, and the next run must not start on it.
     quiet_below: float | None = None
     other_modes: tuple[NotifyMode, ...] = (NotifyMode.ALWAYS,)  # beside the default, labelled
+    # Live rows beside a bulk job (bench/fairness.py): a bulk of this size in one transaction,
+    # one-row transactions at 200/s from its commit on, with each number of relays.
+    fairness_rows: int = 0
+    fairness_relays: tuple[int, ...] = (1, 2)
+    fairness_runs: int = 1
 
 
 FULL = Plan(3, 100_000, 1_000_000, 20_000, (1, 2, 4), ((1000, 4), (3000, 16)), 10.0,
             5, 4.0, 80_000, 100_000, 20_000, 100_000, 100_000, 1_000, pinned_rows=500_000,
-            quiet_below=1.0)
+            quiet_below=1.0, fairness_rows=300_000, fairness_runs=2)
 SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5,
              1, 1.0, 10_000, 5_000, 2_000, 3_000, 3_000, 100, pinned_rows=3_000,
-             other_modes=())
+             other_modes=(), fairness_rows=20_000, fairness_relays=(1,))
 
 
 Figure = dict[str, Any]
@@ -220,6 +227,30 @@ async def _latencies(env: BenchEnv, plan: Plan) -> list[Figure]:
     return out
 
 
+async def _fairness(plan: Plan) -> list[Figure]:
+    """Live rows beside a bulk job, with each number of relays, on a database of its own."""
+    out: list[Figure] = []
+    if not plan.fairness_rows:
+        return out
+    env = await create_env("fairness")
+    live_queue = await bind_live_queue(env)
+    try:
+        for relays in plan.fairness_relays:
+            runs = await repeat(env, plan.fairness_runs,
+                                f"fairness {relays} relay(s) {plan.fairness_rows}",
+                                lambda n=relays: fairness_once(  # type: ignore[misc]
+                                    env, live_queue, plan.fairness_rows, live_rate=LIVE_RATE,
+                                    relays=n, settings={},
+                                    log_dir=Path(tempfile.mkdtemp(prefix="bench-fairness-"))))
+            out.append({"relays": relays, "rows": plan.fairness_rows,
+                        "live_rate_per_s": LIVE_RATE, "runs": runs})
+    finally:
+        await servers_answer()
+        await common.delete_queues([live_queue])
+        await drop_env(env)
+    return out
+
+
 async def run_suite(plan: Plan) -> dict[str, Any]:
     """Every scenario in one process, each on a database and queue of its own."""
     results: dict[str, Any] = {}
@@ -244,6 +275,7 @@ async def run_suite(plan: Plan) -> dict[str, Any]:
         finally:
             await servers_answer()
             await drop_env(env)
+    results["fairness"] = await _fairness(plan)
     return results
 
 
@@ -335,9 +367,15 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                          "ratio_to_none": summary([r["rows_per_s"] / base[r["round"]]
                                                    for r in mine]),
                          "load_before": [r["load_before"][0] for r in mine]})
+    fairness = [{k: e[k] for k in ("relays", "rows", "live_rate_per_s")}
+                | {"load_before": [r["load_before_beside"][0] for r in e["runs"]]}
+                | {k: summary([r[k] for r in e["runs"]])
+                   for k in ("alone_msg_per_s", "beside_live_msg_per_s", "drain_ratio",
+                             "live_p50_ms", "live_p95_ms", "live_p99_ms", "live_max_ms")}
+                for e in results.get("fairness", [])]
     return {"limits": limits, "drain": drains, "latency": lat, "ratios": ratios,
             "headline": one, "cost": _cost(results["drain"]), "producers": producers,
-            "triggers": triggers}
+            "triggers": triggers, "fairness": fairness}
 
 
 async def versions() -> dict[str, str]:

@@ -49,7 +49,12 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     assert summary["ratios"]["pinned_horizon_vs_unpinned"] > 0
     assert [d["pinned"] for d in summary["drain"] if d["kind"] in ("pinned", "unpinned")] == [
         False, True]
+    fairness = summary["fairness"]
+    assert [e["relays"] for e in fairness] == [1]
+    assert fairness[0]["live_p99_ms"]["median"] > 0
+    assert 0 < fairness[0]["drain_ratio"]["median"]
     markdown = (tmp_path / "RESULTS.md").read_text()
-    for section in ("## Drain throughput", "## Cost model", "## Latency", "## Producers spared"):
+    for section in ("## Drain throughput", "## Cost model", "## Latency", "## Producers spared",
+                    "## Live rows beside a bulk job"):
         assert section in markdown
     assert f"notify mode: **{default.value}**" in markdown
