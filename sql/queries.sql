@@ -173,7 +173,8 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- One round trip for both kinds of due row, each locked FOR UPDATE SKIP LOCKED (rows another
 -- relay holds are skipped, not waited for), at most $1 rows and about $4 bytes in all:
 -- * keyed: the head runs of up to $2 keys, by {claim_keyed_fn} (per-key order, docs/ordering.md;
---   $3: skip keys that have a dead letter; sql/migrations/0009_keyed_claim_by_due_heads.sql);
+--   $3: skip keys that have a dead letter; sql/migrations/0013_keyed_claim_bounded.sql: its
+--   cost is bounded whatever waits behind a key that cannot go);
 -- * unkeyed, fair between transactions: first a share of due rows from each of the 32 newest
 --   transactions that have rows, at most half the room, by {claim_fair_fn}
 --   (sql/migrations/0011_fair_claims.sql); then the rest of the room in insertion order.

@@ -1,0 +1,87 @@
+"""A keyed claim's cost does not grow with rows it cannot take (sql/migrations/
+0013_keyed_claim_bounded.sql): a key whose head is retrying, with tens of thousands of due rows
+behind it, costs every claim a bounded walk, and the other keys and the unkeyed rows are
+claimed beside it."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from relay.pg.queries import Queries, TableNames
+from relay.pg.seqfloor import SWEEP
+from tests.helpers import pg_session
+
+CLAIM = Queries(TableNames(None, "queue_message", "queue_message_notify"))["claim"]
+LIMIT = 500
+KEYS_PER_BATCH = 16
+NO_BYTE_LIMIT = 1 << 30
+MAX_MESSAGE = 16 << 20
+BEHIND_BLOCKED = 50_000
+OTHER_KEYS = 40
+# Rows the claim may read from the table: its two bounded walks (4 x (500 + 16) rows, then
+# 4 x 16 + 64 keys), the runs it takes and the unkeyed part, with room to spare; the claim
+# this replaced read every row behind the blocked head (50,000 and more).
+READ_BOUND = 10_000
+
+
+async def _fill(conn: asyncpg.Connection) -> None:
+    # The statements are the subject here (which rows are due, in which order), so they are
+    # written out rather than taken from tests.helpers.insert_rows.
+    await conn.execute(
+        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, available_at) "
+        "SELECT 'x', 'rk', jsonb_build_object('early', g), 'early', now() - interval '1 hour' "
+        "FROM generate_series(1, 3) g")
+    # The blocked key: its head retries in an hour, every row behind it is due.
+    await conn.execute(
+        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, available_at) "
+        "VALUES ('x', 'rk', '{\"head\": true}', 'blocked', now() + interval '1 hour')")
+    await conn.execute(
+        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, available_at) "
+        "SELECT 'x', 'rk', jsonb_build_object('behind', g), 'blocked', "
+        "now() - interval '30 minutes' FROM generate_series(1, $1) g", BEHIND_BLOCKED)
+    await conn.execute(
+        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
+        "SELECT 'x', 'rk', jsonb_build_object('g', g), 'k' || (g % $1) "
+        "FROM generate_series(1, 2 * $1) g", OTHER_KEYS)
+    await conn.execute(
+        "INSERT INTO queue_message (exchange, routing_key, content) "
+        "SELECT 'x', 'rk', jsonb_build_object('unkeyed', g) FROM generate_series(1, 10) g")
+    await conn.execute("ANALYZE queue_message")
+
+
+async def _claim_reading(conn: asyncpg.Connection, keyed_first: bool,
+                         ) -> tuple[list[asyncpg.Record], int]:
+    """In a transaction rolled back at once: the rows claimed and how many rows the claim
+    read from the outbox table (this transaction's own table statistics)."""
+    read = ("SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0) "
+            "FROM pg_stat_xact_user_tables WHERE relid = 'queue_message'::regclass")
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        before = await conn.fetchval(read)
+        rows = await conn.fetch(CLAIM, LIMIT, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP,
+                                keyed_first, None, MAX_MESSAGE, None)
+        after = await conn.fetchval(read)
+    finally:
+        await tx.rollback()
+    return rows, int(after - before)
+
+
+async def test_keyed_claim__a_blocked_key_costs_a_bounded_walk_and_the_others_flow(
+    db: str,
+) -> None:
+    async with pg_session(db) as conn:
+        await _fill(conn)
+        for keyed_first in (True, False):
+            rows, read = await _claim_reading(conn, keyed_first)
+            assert read < READ_BOUND, f"the claim read {read} rows (keyed first: {keyed_first})"
+            keys = [r["ordering_key"] for r in rows]
+            assert "blocked" not in keys
+            assert keys.count(None) == 10, "every unkeyed row is claimed beside the keyed part"
+            assert keys.count("early") == 3, "the oldest due key, found by the walk of due rows"
+            # The other keys come from the walk of keys once the walk of due rows stopped at
+            # its bound: every key the batch may take, each with its whole run, none twice.
+            taken = {k for k in keys if k not in (None, "early")}
+            assert len(taken) == KEYS_PER_BATCH - 1
+            assert all(keys.count(k) == 2 for k in taken)
+            assert len({r["id"] for r in rows}) == len(rows), "a row claimed twice"
