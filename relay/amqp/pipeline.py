@@ -11,8 +11,9 @@ A batch's publish is a few passes, all ending by the batch's deadline:
    Before that, the first message to an exchange not yet proven on this connection goes alone
    on the probe channel (relay/amqp/destinations.py): a refusal the encoder cannot foresee
    (permissions, an internal exchange) closes only that channel, fails only that row
-   (`channel_closed_by_row`), and the exchange's other rows fail unsent for a while
-   (`destination_refused`);
+   (`channel_closed_by_row`), and the exchange's other rows (or, when a topic permission
+   refused one routing key, that key's rows) fail unsent for a while (`destination_refused`);
+   a row that closed a channel goes alone on the probe channel at every later attempt;
 3. when the broker closed the shared channel under the pass anyway, everything unconfirmed on
    it is sent again one message at a time on the probe channel, so that the row that closes it
    alone fails (`channel_closed_by_row`) and the others are delivered.
@@ -240,7 +241,7 @@ class Pipeline:
         for index, m in enumerate(messages):
             if self._outside_cause(deadline) is not None:
                 return messages[index:], False
-            refusal = self.destinations.refusal(m.exchange, loop.time())
+            refusal = self.destinations.refusal(m.exchange, m.routing_key, loop.time())
             if refusal is not None:  # an earlier message of this pass found it refusing
                 result.failed[m.id] = refusal
                 continue
@@ -250,6 +251,8 @@ class Pipeline:
             if sent.closed_by_broker is not None and sent.status[0] not in (ACKED, NACKED):
                 self._refused(m, sent.closed_by_broker, result)
                 continue
+            if sent.status[0] in (ACKED, NACKED):
+                self.destinations.prove(m.exchange, m.routing_key, loop.time())
             if await self._settle([m], sent, result):
                 return messages[index:], False
         return [], False
@@ -278,9 +281,12 @@ class Pipeline:
     def _refused(self, m: Message, why: str, result: PublishResult) -> None:
         """The broker closed the channel for this message alone: it fails; when the close
         says the exchange refuses the relay (403 access refused, 404 not found, not a 406 about
-        this message's properties), the exchange is remembered as refusing too."""
+        this message's properties), the exchange (or, for a topic permission, the routing key)
+        is remembered as refusing too. The row goes alone from now on."""
+        self.destinations.closed_channel(m.id)
         if any(code in why for code in _DESTINATION_CODES):
-            self.destinations.refuse(m.exchange, why, asyncio.get_running_loop().time())
+            self.destinations.refuse(m.exchange, m.routing_key, why,
+                                     asyncio.get_running_loop().time())
         if "NOT_FOUND" in why:
             # The exchange check missed it (a side channel that could not check, an exchange
             # deleted since): the broker's 404 says what it is.
@@ -297,51 +303,73 @@ class Pipeline:
                       deadline: float) -> list[Message]:
         """The messages that may go on the shared channel: those to proven exchanges, and
         the rest of an exchange whose first message the probe channel just got confirmed.
-        Messages to an exchange that refused lately fail without being sent."""
+        Messages to an exchange (or routing key) that refused lately fail without being sent;
+        a message whose row closed a channel before is sent alone here."""
         loop = asyncio.get_running_loop()
         shared: list[Message] = []
         waiting: dict[str, list[Message]] = {}
+        alone: list[Message] = []
         for m in pending:
             now = loop.time()
-            refusal = self.destinations.refusal(m.exchange, now)
+            refusal = self.destinations.refusal(m.exchange, m.routing_key, now)
             if refusal is not None:
                 result.failed[m.id] = refusal
-            elif self.destinations.proven(m.exchange, now):
+            elif self.destinations.goes_alone(m.id):
+                alone.append(m)
+            elif self.destinations.proven(m.exchange, m.routing_key, now):
                 shared.append(m)
             else:
-                waiting.setdefault(m.exchange, []).append(m)
-        for exchange, group in waiting.items():
-            if self.destinations.proven(exchange, loop.time()):  # another lane proved it
-                shared += group
+                waiting.setdefault(str(self.destinations.subject(m.exchange, m.routing_key)),
+                                   []).append(m)
+        for group in waiting.values():
+            now = loop.time()
+            if all(self.destinations.proven(m.exchange, m.routing_key, now) for m in group):
+                shared += group  # another lane proved it
             else:
                 shared += await self._probe(group, result, deadline)
+        if alone:
+            unanswered, _ = await self._isolated(alone, result, deadline)
+            for m in unanswered:
+                result.unsent[m.id] = self._outside_cause(deadline) or Reason.BROKER_LOST
         order = {m.id: i for i, m in enumerate(pending)}
         return sorted(shared, key=lambda m: order[m.id])
 
     async def _probe(self, group: list[Message], result: PublishResult,
                      deadline: float) -> list[Message]:
-        """Send the first message of one unproven exchange alone; return the rest when the
-        broker confirmed it (the exchange is proven), settle them otherwise."""
+        """Send the first message of an unproven exchange (or routing key) alone; return the
+        rest once the broker confirmed it and it proved them. When the broker closed the
+        channel for it, fail it and the rest its refusal covers; then the next one probes."""
         loop = asyncio.get_running_loop()
-        first, rest = group[0], group[1:]
-        cause = self._outside_cause(deadline)
-        sent = None if cause is not None else await self._alone(first, deadline)
-        if sent is not None and sent.closed_by_broker is not None \
-                and sent.status[0] not in (ACKED, NACKED):
-            self._refused(first, sent.closed_by_broker, result)
-            refusal = self.destinations.refusal(first.exchange, loop.time())
-            for m in rest:
-                if refusal is not None:
-                    result.failed[m.id] = refusal
-            return []
-        if sent is not None and sent.status[0] in (ACKED, NACKED):
-            self.destinations.prove(first.exchange, loop.time())
-            await self._settle([first], sent, result)
-            return rest
-        # No answer for the probe: its fate and its exchange's are unknown; leave them.
-        for m in group:
-            result.unsent[m.id] = self._outside_cause(deadline) or Reason.BROKER_LOST
-        return []
+        ready: list[Message] = []
+        while group:
+            first, rest = group[0], group[1:]
+            cause = self._outside_cause(deadline)
+            sent = None if cause is not None else await self._alone(first, deadline)
+            if sent is not None and sent.closed_by_broker is not None \
+                    and sent.status[0] not in (ACKED, NACKED):
+                self._refused(first, sent.closed_by_broker, result)
+                group = []
+                for m in rest:
+                    refusal = self.destinations.refusal(m.exchange, m.routing_key, loop.time())
+                    if refusal is None:
+                        group.append(m)
+                    else:
+                        result.failed[m.id] = refusal
+                continue
+            if sent is not None and sent.status[0] in (ACKED, NACKED):
+                self.destinations.prove(first.exchange, first.routing_key, loop.time())
+                await self._settle([first], sent, result)
+                now = loop.time()
+                ready += [m for m in rest
+                          if self.destinations.proven(m.exchange, m.routing_key, now)]
+                group = [m for m in rest
+                         if not self.destinations.proven(m.exchange, m.routing_key, now)]
+                continue
+            # No answer for the probe: its fate and its exchange's are unknown; leave them.
+            for m in group:
+                result.unsent[m.id] = self._outside_cause(deadline) or Reason.BROKER_LOST
+            return ready
+        return ready
 
     async def _settle(self, messages: list[Message], sent: Sent,
                       result: PublishResult) -> list[Message]:

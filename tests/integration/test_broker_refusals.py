@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import aio_pika
 import pytest
 
-from tests.chaos.harness import broker_user
+from tests.chaos.harness import broker_user, rabbitmqctl
 from tests.helpers import Consumer, Env, count_rows, pg_session, wait_until, with_user
 
 
@@ -58,6 +58,60 @@ async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blame
             "SELECT id::text, reason FROM queue_message_dead")}
     assert set(dead) == refused, dead
     assert all("ACCESS_REFUSED" in reason for reason in dead.values()), dead
+    assert all(relay.alive() for relay in relays)
+
+
+LANES, BATCH = 3, 50
+
+
+async def test_refused_routing_key__only_its_rows_are_parked_the_exchange_flows(
+    env: Env, consumer: Consumer, start_relay,
+) -> None:
+    """RabbitMQ's topic permissions refuse some routing keys of a topic exchange: their rows
+    are parked, the exchange's other routing keys are delivered. Every ACCESS_REFUSED marked
+    the whole exchange refused, and its good rows were parked with it. A denied routing key on
+    an exchange already proven closes a relay's shared channel (its unconfirmed messages go
+    again: duplicates), once per exchange: from then on each routing key of it is proven on
+    the probe channel, so the duplicates stay within one shared channel's messages in flight
+    per relay (lanes x batch size)."""
+    topic = f"topic-{env.exchange}"
+    conn = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await conn.channel()
+        exchange = await channel.declare_exchange(topic, aio_pika.ExchangeType.TOPIC,
+                                                  auto_delete=True)
+        await (await channel.get_queue(env.queue)).bind(exchange, routing_key="#")
+    finally:
+        await conn.close()
+    rows = [(f"ok.{i % 7}", {"good": i}) for i in range(600)]
+    for at in (100, 300, 500):
+        rows.insert(at, (f"denied.{at}", {"denied": at}))
+    with broker_user("relay_topic") as user:
+        rabbitmqctl("set_topic_permissions", "-p", "/", user[0], topic, "^ok\\.", ".*")
+        async with pg_session(env.pg_dsn) as db:
+            # One statement for every row (the rows' exchanges and keys are the subject).
+            ids = [r[0] for r in await db.fetch(
+                "INSERT INTO queue_message (exchange, routing_key, content) "
+                "SELECT $1, rk, c FROM unnest($2::text[], $3::jsonb[]) AS u(rk, c) "
+                "RETURNING id::text",
+                topic, [r[0] for r in rows], [json.dumps(r[1]) for r in rows])]
+        denied = {row_id for row_id, row in zip(ids, rows, strict=True)
+                  if row[0].startswith("denied")}
+        url = with_user(env.amqp_url, *user)
+        relays = [start_relay(amqp_url=url, concurrency=LANES, batch_size=BATCH,
+                              max_attempts=1) for _ in range(2)]
+        await consumer.wait_for(600, timeout_s=60)
+        await wait_until(lambda: _empty(env), what="every row settled")
+    receipts = Counter(consumer.ids())
+    assert set(receipts) == set(ids) - denied
+    duplicates = sum(n - 1 for n in receipts.values())
+    print(f"\n[refusals] 3 denied routing keys among 600 rows, 2 relays: {duplicates} duplicates")
+    assert duplicates <= 2 * LANES * BATCH
+    async with pg_session(env.pg_dsn) as db:
+        dead = {r["id"]: r["reason"] for r in await db.fetch(
+            "SELECT id::text, reason FROM queue_message_dead")}
+    assert set(dead) == denied, dead
+    assert all("access to topic 'denied." in reason for reason in dead.values()), dead
     assert all(relay.alive() for relay in relays)
 
 

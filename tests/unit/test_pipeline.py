@@ -370,8 +370,8 @@ async def test_probe__after_a_shared_channel_close_the_rest_go_one_by_one_on_the
     batch = [*_to("x", "m0", "m1"), *_to("y", "m2", "m5"), *_to("x", "m3", "m4")]
     pipeline, shared, probe = _probed(FakeConnection(), probe_answer, closed)
     now = asyncio.get_running_loop().time()
-    pipeline.destinations.prove("x", now)
-    pipeline.destinations.prove("y", now)
+    pipeline.destinations.prove("x", "rk", now)
+    pipeline.destinations.prove("y", "rk", now)
     result = await pipeline.publish(batch)
     assert shared.sends == [["m0", "m1", "m2", "m5", "m3", "m4"]]
     assert probe.sends == [["m1"], ["m2"], ["m3"], ["m4"]]
@@ -405,6 +405,94 @@ async def test_probe__a_404_close_is_exchange_not_found_not_a_channel_close() ->
     result = await pipeline.publish(_to("gone", "g0", "g1"))
     assert result.failed["g0"].reason is Reason.EXCHANGE_NOT_FOUND
     assert result.failed["g1"].reason is Reason.DESTINATION_REFUSED
+
+
+def _keyed(exchange: str, *pairs: tuple[str, str]) -> list[Message]:
+    return [Message(i, exchange, rk, b"{}", BATCH[0].properties, True) for i, rk in pairs]
+
+
+TOPIC_CLOSE = ("ACCESS_REFUSED - write access to topic 'denied.1' in exchange 'orders' in "
+               "vhost '/' refused for user 'relay'")
+
+
+async def test_probe__a_refused_routing_key_fails_only_its_own_rows() -> None:
+    """A topic permission refusing one routing key marked the whole exchange refused: good
+    rows of other routing keys failed with it (and were parked after their attempts)."""
+    def probe_answer(ms: Sequence[Message]) -> Sent:
+        if ms[0].routing_key.startswith("denied"):
+            return Sent([LOST], closed_by_broker=TOPIC_CLOSE)
+        return Sent([ACKED])
+
+    batch = _keyed("orders", ("d0", "denied.1"), ("d1", "denied.1"), ("g0", "ok.1"),
+                   ("g1", "ok.2"))
+    pipeline, shared, probe = _probed(FakeConnection(), probe_answer)
+    result = await pipeline.publish(batch)
+    # Refused, then the exchange is guarded: each routing key is proven on its own.
+    assert probe.sends == [["d0"], ["g0"], ["g1"]]
+    assert sorted(result.confirmed) == ["g0", "g1"]
+    assert result.failed["d0"].reason is Reason.CHANNEL_CLOSED_BY_ROW
+    assert result.failed["d1"].reason is Reason.DESTINATION_REFUSED
+    assert "routing key 'denied.1'" in result.failed["d1"].text
+    again = await pipeline.publish(_keyed("orders", ("g2", "ok.1"), ("g3", "ok.3"),
+                                          ("d2", "denied.1")))
+    assert shared.sends == [["g2"]]  # ok.1 is proven; ok.3 goes alone first
+    assert probe.sends[-1] == ["g3"]
+    assert sorted(again.confirmed) == ["g2", "g3"]
+    assert again.failed["d2"].reason is Reason.DESTINATION_REFUSED
+
+
+async def test_probe__a_denied_routing_key_closes_the_shared_channel_once_per_exchange() -> None:
+    """On an exchange proven before any refusal, a denied routing key closes the shared
+    channel (the relay cannot foresee it); from then on the exchange is guarded, and another
+    denied routing key is found on the probe channel, not on the shared one."""
+    def shared_answer(ms: Sequence[Message]) -> Sent:
+        if any(m.routing_key.startswith("denied") for m in ms):
+            return Sent([ACKED] + [LOST] * (len(ms) - 1), closed_by_broker=TOPIC_CLOSE)
+        return Sent([ACKED] * len(ms))
+
+    def probe_answer(ms: Sequence[Message]) -> Sent:
+        if ms[0].routing_key.startswith("denied"):
+            return Sent([LOST], closed_by_broker=TOPIC_CLOSE)
+        return Sent([ACKED])
+
+    pipeline, shared, probe = _probed(FakeConnection(), probe_answer, *[shared_answer] * 5)
+    pipeline.destinations.prove("orders", "ok.1", asyncio.get_running_loop().time())
+    first = await pipeline.publish(_keyed("orders", ("g0", "ok.1"), ("d0", "denied.1"),
+                                          ("g1", "ok.2")))
+    assert len(shared.sends) == 1  # the close, then each unconfirmed message alone
+    assert first.failed["d0"].reason is Reason.CHANNEL_CLOSED_BY_ROW
+    assert sorted(first.confirmed) == ["g0", "g1"]
+    shared.sends.clear()
+    second = await pipeline.publish(_keyed("orders", ("g2", "ok.1"), ("d1", "denied.2"),
+                                           ("g3", "ok.2")))
+    assert all("d1" not in sent for sent in shared.sends), shared.sends
+    assert ["d1"] in probe.sends
+    assert second.failed["d1"].reason is Reason.CHANNEL_CLOSED_BY_ROW
+    assert sorted(second.confirmed) == ["g2", "g3"]
+
+
+async def test_probe__a_row_that_closed_a_channel_goes_alone_at_its_next_attempt() -> None:
+    """It rode the shared channel again at its next attempt and closed it again, under every
+    lane's messages (each re-sent: duplicates)."""
+    def closed(ms: Sequence[Message]) -> Sent:
+        return Sent([ACKED] + [LOST] * (len(ms) - 1), closed_by_broker="PRECONDITION_FAILED")
+
+    def probe_answer(ms: Sequence[Message]) -> Sent:
+        if ms[0].id == "bad":
+            return Sent([LOST], closed_by_broker="PRECONDITION_FAILED - invalid arg")
+        return Sent([ACKED])
+
+    pipeline, shared, probe = _probed(FakeConnection(), probe_answer, closed)
+    pipeline.destinations.prove("x", "rk", asyncio.get_running_loop().time())
+    first = await pipeline.publish(_to("x", "m0", "bad", "m1"))
+    assert first.failed["bad"].reason is Reason.CHANNEL_CLOSED_BY_ROW
+    shared.sends.clear()
+    probe.sends.clear()
+    second = await pipeline.publish(_to("x", "m2", "bad", "m3"))
+    assert shared.sends == [["m2", "m3"]]
+    assert probe.sends == [["bad"]]
+    assert sorted(second.confirmed) == ["m2", "m3"]
+    assert second.failed["bad"].reason is Reason.CHANNEL_CLOSED_BY_ROW
 
 
 def test_returns__kept_for_unread_passes_up_to_a_bound_oldest_first() -> None:
