@@ -445,6 +445,24 @@ FROM by_xact
 SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND application_name LIKE 'outbox-relay listener %'
 
+-- name: lock_strangers
+-- Sessions that hold one of this table's relay roles without being a relay: the single-active
+-- leader lock (leader_try_lock) or the wake-up sleeper role (wakeup_role_try). Advisory locks
+-- need no privilege, so any login on the database can take them; a relay names its sessions
+-- 'outbox-relay <role> <host> <pid>' (relay/pg/connection.py), and a holder named otherwise is
+-- reported (the name is the client's own: this detects mistakes and squatters that do not
+-- pretend, it does not authenticate).
+SELECT CASE WHEN l.classid = {leader_lock_class}::oid THEN 'leader' ELSE 'wakeup' END AS role,
+       l.pid, a.application_name
+FROM pg_locks AS l
+JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.objid = {table_literal}::regclass::oid
+  AND l.classid IN ({leader_lock_class}::oid, ({wakeup_lock_class} + 1)::oid)
+  AND a.application_name NOT LIKE 'outbox-relay %'
+ORDER BY 1, 2
+
 -- name: dead_count
 SELECT count(*) FROM {dead}
 

@@ -102,6 +102,13 @@ class Health:
             not blocked,
             "broker blocks publishers (memory or disk alarm)" if blocked else "not blocked",
         )
+        strangers = (self.backlog().figures or {}).get("lock_strangers") or []
+        if strangers:
+            # No host or user: the port may be reachable by more people than the database.
+            held = ", ".join(f"{h['role']} by pid {h['pid']} ({h['application_name']!r})"
+                             for h in strangers)
+            checks["locks"] = Check(False, "a session that is not a relay holds this table's "
+                                           f"relay lock: {held}")
         if self.ready_max_lag_s > 0:
             checks["lag"] = self._lag_check(now)
         return checks

@@ -177,6 +177,12 @@ class RelayMetrics:
             "relay_backlog_last_poll_timestamp_seconds",
             "Unix time of the last successful backlog poll.", registry=r,
         )
+        self.lock_strangers = Gauge(
+            "relay_lock_strangers",
+            "Sessions holding the leader lock (role=leader) or the wake-up sleeper role "
+            "(role=wakeup) of this table that are not relays (last poll).", ["role"],
+            registry=r,
+        )
         self.backlog_poll_errors = Counter(
             "relay_backlog_poll_errors", "Backlog polls that failed.", registry=r
         )
@@ -312,6 +318,7 @@ class BacklogPoller:
         self.interval_s = interval_s
         self.snapshot = BacklogSnapshot()
         self.polled = asyncio.Event()  # set after the first poll (success or failure)
+        self._strangers_seen: set[tuple[str, int]] = set()
 
     async def poll_once(self) -> None:
         """Run the query once and update the snapshot and gauges."""
@@ -335,8 +342,23 @@ class BacklogPoller:
                 m.oldest_due_age_by_class.labels(cls).set(
                     float(figures.get(f"oldest_{cls}_due_age_s") or 0.0))
             m.dead_rows.set(float(figures.get("dead") or 0))
+            strangers = figures.get("lock_strangers") or []
+            for role in ("leader", "wakeup"):
+                m.lock_strangers.labels(role).set(
+                    float(sum(1 for h in strangers if h["role"] == role)))
             m.backlog_polled.set(time.time())
+        self._report_strangers(figures.get("lock_strangers") or [])
         self.polled.set()
+
+    def _report_strangers(self, strangers: list[dict[str, Any]]) -> None:
+        """A warning when the set of sessions holding a relay role's lock without being a
+        relay changes to a non-empty one (one line per change, not per poll)."""
+        seen = {(h["role"], h["pid"]) for h in strangers}
+        if seen and seen != self._strangers_seen:
+            for h in strangers:
+                log.warning("relay_lock_held_by_stranger", role=h["role"], pid=h["pid"],
+                            application_name=h["application_name"])
+        self._strangers_seen = seen
 
     async def close(self) -> None:
         """Nothing to release: the queries run on the relay's pool."""

@@ -27,13 +27,24 @@ class LeaderLock:
     async def try_acquire(self) -> bool:
         """Take the lock if free (opening the session first if needed); whether this session
         holds it. DatabaseError (DatabaseUnavailable: retry) when the server does not answer."""
-        if self._conn is None or self._conn.is_closed():
-            self._conn = await connect(self._settings, "leader")
         try:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await connect(self._settings, "leader")
+                await self._end_when_silent(self._conn)
             return bool(await self._conn.fetchval(self._q["leader_try_lock"]))
         except DB_ERRORS as exc:
             await self.close()
             raise database_error(exc, "taking the leader lock") from exc
+
+    async def _end_when_silent(self, conn: Any) -> None:
+        """Have the server end this session when the relay stops talking on it: a standby
+        polls and a leader pings every poll interval, so a session silent for ten intervals
+        (30 s at least) is a relay cut off behind a proxy that keeps the server's side of the
+        connection open, where keepalives never reach the relay's host; the server keeps its
+        lock for as long as the session lives. idle_session_timeout: PostgreSQL 14 and newer."""
+        if conn.get_server_version() >= (14,):
+            ms = int(max(30.0, 10 * self._settings.leader_poll_interval_s) * 1000)
+            await conn.execute(f"SET idle_session_timeout = {ms}")
 
     async def wait_lost(self, interval_s: float) -> str:
         """Return once the lock's session is gone (and with it the lock): why."""

@@ -373,10 +373,13 @@ class Outbox:
             row = await self._pool.fetchrow(self.q["backlog"])
             dead = await self._pool.fetchval(self.q["dead_count"])
             health = await self._pool.fetchrow(self.q["table_health"])
+            strangers = await self._pool.fetch(self.q["lock_strangers"])
         except DB_ERRORS as exc:
             raise DatabaseError(f"reading the backlog failed: {exc}") from exc
         assert row is not None
         out = dict(row)
+        # Sessions holding a relay role's lock that are not relays (query lock_strangers).
+        out["lock_strangers"] = [dict(r) for r in strangers]
         out["dead"] = dead
         out["dead_tuples"] = health["n_dead_tup"] if health else None
         out["last_vacuum_age_s"] = health["vacuum_age_s"] if health else None

@@ -35,7 +35,16 @@ from tests.chaos.harness import (
     via_proxy,
 )
 from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
-from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, pg_fetchrow, wait_until
+from tests.helpers import (
+    Consumer,
+    Env,
+    RelayProcess,
+    count_rows,
+    insert_rows,
+    pg_fetch,
+    pg_fetchrow,
+    wait_until,
+)
 
 pytestmark = pytest.mark.chaos
 
@@ -245,4 +254,36 @@ async def test_sigterm_with_postgres_black_holed__exits_within_the_shutdown_boun
         await consumer.wait_all(ids, timeout_s=120, dsn=env.pg_dsn)
     finally:
         await consumer.stop()
+        await proxy.close()
+
+
+async def test_single_active_leader_black_holed__its_lock_session_ends_and_a_standby_leads(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """A leader's lock session behind a proxy that keeps the server's side of the connection
+    open and says nothing (a TCP-terminating middlebox gone silent): the server's keepalives
+    are answered by the proxy, so it kept the session, and the leader lock, for ever, and no
+    standby could lead. The lock session now asks the server to end it after ten poll
+    intervals of silence (30 s at least, idle_session_timeout)."""
+    proxy = await proxy_for(env.pg_dsn)
+    try:
+        leader = start_relay(pg_dsn=via_proxy(env.pg_dsn, proxy.port), mode="single-active",
+                             leader_poll_interval_s=0.5)
+        await wait_until(lambda: "leader_elected" in leader.log_text(), timeout_s=30,
+                         what="the relay behind the proxy to lead")
+        standby = start_relay(mode="single-active", leader_poll_interval_s=0.5)
+        await wait_until(lambda: "standing_by" in standby.log_text(), timeout_s=30,
+                         what="the second relay to stand by")
+        proxy.black_hole()
+        started = time.monotonic()
+        await wait_until(lambda: "leader_elected" in standby.log_text(), timeout_s=90,
+                         interval_s=0.5,
+                         what="the standby to lead once the silent leader's session ended")
+        took = time.monotonic() - started
+        print(f"\n[chaos] leader black-holed: the standby led after {took:.1f} s")
+        assert took < 60, f"the standby led after {took:.1f} s"
+        await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
+                          [{"after": i} for i in range(10)])
+        await consumer.wait_for(10, timeout_s=30)
+    finally:
         await proxy.close()
