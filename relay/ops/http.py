@@ -58,10 +58,17 @@ class Health:
     connections: Callable[[], dict[str, dict[str, object]]] | None = None
 
     def _cause(self, name: str) -> str:
-        """': <the last error>' of a supervised connection, when one is known."""
+        """': <the kind of the last error>' of a supervised connection, when one is known."""
         state = (self.connections() if self.connections else {}).get(name) or {}
-        error = state.get("last_error")
+        error = public_error(state.get("last_error"))
         return f": {error}" if error else ""
+
+    def public_connections(self) -> dict[str, dict[str, object]]:
+        """Every supervised connection's state as /healthz shows it: the last error's kind,
+        not its text, which names servers (host, port, user, database)."""
+        states = self.connections() if self.connections else {}
+        return {name: {**state, "last_error": public_error(state.get("last_error"))}
+                for name, state in states.items()}
 
     def liveness(self, now: float | None = None) -> dict[str, Check]:
         """The loop task is running and made progress recently (or waits for the broker)."""
@@ -120,7 +127,8 @@ class Health:
         age = snap.age_s(now)
         figures = snap.figures or {}
         return {"due_rows": figures.get("due"), "oldest_due_age_s": figures.get("oldest_due_age_s"),
-                "polled_s_ago": None if age is None else round(age, 1), "error": snap.error}
+                "polled_s_ago": None if age is None else round(age, 1),
+                "error": public_error(snap.error)}
 
     def _lag_check(self, now: float) -> Check:
         snap = self.backlog()
@@ -140,8 +148,18 @@ class Health:
         return Check(True, f"oldest due row {oldest:.1f}s old, {due} due rows")
 
 
+def public_error(error: object) -> str | None:
+    """An error as the HTTP port shows it: its kind (what comes before the first ':', the
+    exception's name as the supervisor writes it, or the step that failed), never the rest,
+    which names hosts, ports, users and databases; the relay's log has the whole text."""
+    if not error:
+        return None
+    kind = str(error).split(":", 1)[0].strip()
+    return f"{kind} (details in the relay's log)"
+
+
 def _suffix(error: str | None) -> str:
-    return f": {error}" if error else ""
+    return f": {public_error(error)}" if error else ""
 
 
 def probe_body(checks: dict[str, Check],
@@ -209,7 +227,7 @@ class HttpServer:
         if path in {"/healthz", "/livez"}:
             status, body = probe_body(self.health.liveness())
             if self.health.connections is not None:
-                body["connections"] = self.health.connections()
+                body["connections"] = self.health.public_connections()
         elif path == "/readyz":
             status, body = probe_body(self.health.readiness(),
                                       {"backlog": self.health.backlog_info()})
