@@ -130,13 +130,18 @@ async def publish(
     sendable = ordering.publishable(rows, messages, refused, block_on_dead=plan.block_on_dead)
     if not sendable:
         return PublishResult()
+    result = PublishResult()
     try:
-        return await ordering.publish_in_waves(publisher, rows, sendable, deadline=deadline)
+        return await ordering.publish_in_waves(publisher, rows, sendable, deadline=deadline,
+                                               into=result)
     except Exception:
         log.exception("publish_crashed", count=len(sendable))
-    # One message at a time: only the rows whose own publish crashes are dead (internal).
-    result = PublishResult()
+    # One message at a time, those a wave before the crash did not settle (a confirmed
+    # message sent again is a duplicate): only the rows whose own publish crashes are dead.
+    settled = {*result.confirmed, *result.failed, *result.refused, *result.unsent}
     for m in sendable:
+        if m.id in settled:
+            continue
         try:
             result.merge(await publisher.publish([m], deadline=deadline))
         except Exception as exc:

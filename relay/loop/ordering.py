@@ -53,24 +53,28 @@ def publishable(
 
 async def publish_in_waves(
     publisher: Publisher, rows: Sequence[OutboxRow], messages: Sequence[Message],
-    *, deadline: float | None = None,
+    *, deadline: float | None = None, into: PublishResult | None = None,
 ) -> PublishResult:
     """Publish a batch; a key whose head failed before goes out head first, the rest after.
 
     A head row with attempts > 0 failed last time and is likely to fail again: publishing it
     alone first (with every other message) and the rest of its key's run only once it is
     confirmed means a persistently failing head never lets later rows reach the broker early.
+    `into`: the result to add to, so that a caller whose second wave crashed still knows what
+    the first one settled.
     """
+    result = into if into is not None else PublishResult()
     heads: dict[str, OutboxRow] = {}
     for row in rows:
         if row.ordering_key is not None and row.ordering_key not in heads:
             heads[row.ordering_key] = row
     suspects = {r.id for r in heads.values() if r.attempts > 0}
     if not suspects:
-        return await publisher.publish(messages, deadline=deadline)
+        result.merge(await publisher.publish(messages, deadline=deadline))
+        return result
     behind = rows_after_breaks(rows, suspects)
     first = [m for m in messages if m.id not in behind]
-    result = await publisher.publish(first, deadline=deadline)
+    result.merge(await publisher.publish(first, deadline=deadline))
     confirmed = set(result.confirmed)
     broken = suspects - confirmed
     hold = rows_after_breaks(rows, broken)

@@ -10,7 +10,7 @@ from relay.errors import DatabaseError
 from relay.interfaces import OutboxRow
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-from tests.unit.kit import FakePublisher, FakeStore, rows
+from tests.unit.kit import FakePublisher, FakeStore, keyed, rows
 
 CONFIG = WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30)
 
@@ -120,6 +120,29 @@ async def test_run_batch__a_publish_crash_is_pinned_on_the_row_that_causes_it() 
     assert sorted(store.deleted) == ["id-0", "id-2", "id-3"]
     assert [d[0] for d in store.dead] == ["id-1"]
     assert store.dead[0][1].startswith("internal: publishing failed")
+
+
+async def test_run_batch__a_crash_in_the_second_wave_sends_no_confirmed_message_again(
+) -> None:
+    """A key whose head failed before goes in two waves; when the second crashed, every
+    message of the batch was published again one by one, the first wave's confirmed ones
+    included (duplicates)."""
+    batch = [keyed("h", "k", attempts=1), keyed("t", "k"), *rows(2, prefix="plain")]
+    store, pub = FakeStore(batch), FakePublisher()
+    real_publish = pub.publish
+
+    async def publish(messages, *, deadline=None):  # type: ignore[no-untyped-def]
+        if len(pub.calls) == 1:  # the second wave
+            pub.calls.append([m.id for m in messages])
+            raise RuntimeError("a bug")
+        return await real_publish(messages, deadline=deadline)
+
+    pub.publish = publish  # type: ignore[method-assign]
+    await Worker(store, pub, CONFIG).drain()
+    assert pub.calls[0] == ["h", "plain-0", "plain-1"]
+    assert pub.calls[1] == ["t"]
+    assert pub.calls[2:] == [["t"]], "only the crashed wave's message is sent again"
+    assert sorted(store.deleted) == ["h", "plain-0", "plain-1", "t"]
 
 
 async def test_drain__after_a_lane_fails_the_others_claim_no_new_batch() -> None:
