@@ -72,6 +72,9 @@ class Reason(StrEnum):
     DEADLINE = "deadline"
     SHUTDOWN = "shutdown"
     HELD = "held"  # ordering: a row after its key's unpublished row
+    # Its destination stopped confirming (a quorum queue without its majority): due again after
+    # the destination's backoff, no attempt counted (relay/amqp/destinations.py).
+    DESTINATION_SILENT = "destination_silent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +95,16 @@ class PublishResult:
     confirmed: acked by the broker for exactly that message and not returned; failed: the
     broker refused the message (its own fault, an attempt is counted); refused: it can never be
     published as it is (dead at once); unsent: its fate is unknown for a cause outside the row
-    (connection lost, flow control, deadline), so the row is left as it was.
+    (connection lost, flow control, deadline), so the row is left as it was; postponed: not
+    sent because its destination stopped confirming, due again after the delay (seconds), no
+    attempt counted.
     """
 
     confirmed: list[str] = field(default_factory=list)
     failed: dict[str, Fault] = field(default_factory=dict)
     refused: dict[str, Fault] = field(default_factory=dict)
     unsent: dict[str, Reason] = field(default_factory=dict)
+    postponed: dict[str, tuple[Fault, float]] = field(default_factory=dict)
 
     def merge(self, other: PublishResult) -> None:
         """Add another result (of a later wave of the same batch) to this one."""
@@ -106,6 +112,7 @@ class PublishResult:
         self.failed.update(other.failed)
         self.refused.update(other.refused)
         self.unsent.update(other.unsent)
+        self.postponed.update(other.postponed)
 
 
 class Kind(StrEnum):
@@ -139,7 +146,8 @@ class Settlement:
     """How a claimed batch is written in its transaction (the store's view of the verdicts)."""
 
     published: list[str] = field(default_factory=list)
-    retry: list[tuple[str, str, float]] = field(default_factory=list)  # id, error, delay_s
+    # id, error, delay_s, whether an attempt is counted
+    retry: list[tuple[str, str, float, bool]] = field(default_factory=list)
     dead: list[tuple[str, str, bool]] = field(default_factory=list)  # id, reason, counted
 
 

@@ -379,13 +379,16 @@ SELECT * FROM moved
 ON CONFLICT (id) DO NOTHING
 
 -- name: reschedule_failed
+-- $4: whether the row's attempt counts (false: its destination stopped confirming, which is
+-- not the row's fault; it is only due again later).
 UPDATE {table} AS t
 -- attempts is a producer-writable integer: a negative count reads as 0 and the count stops
 -- at integer's maximum (2147483647 + 1 overflowed and rolled back the whole settle).
-SET attempts = LEAST(GREATEST(t.attempts, 0), 2147483646) + 1,
+SET attempts = CASE WHEN f.counted THEN LEAST(GREATEST(t.attempts, 0), 2147483646) + 1
+                    ELSE t.attempts END,
     last_error = f.error,
     available_at = now() + make_interval(secs => f.delay_s)
-FROM unnest($1::uuid[], $2::text[], $3::float8[]) AS f(id, error, delay_s)
+FROM unnest($1::uuid[], $2::text[], $3::float8[], $4::boolean[]) AS f(id, error, delay_s, counted)
 WHERE t.id = f.id
 
 -- name: dead_letter

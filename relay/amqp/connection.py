@@ -245,6 +245,26 @@ class BrokerConnection:
             raise BrokerError("not connected")
         return await self.raw.channel(publisher_confirms=confirms, on_return_raises=False)
 
+    async def answers(self, timeout_s: float) -> bool:
+        """The broker answers a request on this connection within `timeout_s` (a passive
+        declare of amq.direct, which every vhost has): it is alive, whatever a queue does."""
+        try:
+            if self._side is None or self._side.is_closed:
+                self._side = await asyncio.wait_for(self.channel(confirms=False),
+                                                    timeout=timeout_s)
+            await asyncio.wait_for(self._side.get_exchange("amq.direct", ensure=True),
+                                   timeout=timeout_s)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return False
+        except (TimeoutError, RuntimeError, *compat.BROKER_LOST, *compat.CHANNEL_GONE,
+                compat.NOT_FOUND):
+            self._side = None
+            return False
+        return True
+
     async def missing_exchanges(self, names: set[str]) -> set[str]:
         """Exchanges among `names` that do not exist (checked passively, cached)."""
         now = asyncio.get_running_loop().time()

@@ -15,7 +15,15 @@ exchange's other routing keys go on. An exchange where a topic permission refuse
 alone), so a denied routing key closes the shared channel at most once per exchange, not once
 per key. A row that closed a channel goes alone, on the probe
 channel, at every later attempt this process makes: it never rides the shared channel again,
-where its close would lose the confirms of every lane's messages. Pure state, no I/O.
+where its close would lose the confirms of every lane's messages.
+
+A destination (exchange and routing key) whose confirm did not come by a batch's deadline while
+the broker confirmed other messages, or while it answered a check, has stopped confirming (a
+quorum queue without its majority): it is *silent*. Its rows are not sent for a while (5 s,
+doubling up to 60 s at each miss): they are postponed in the database, no attempt counted, so
+every other destination flows at full speed and no batch waits its whole budget for it. When
+the while is over, one message goes alone on the probe channel; the destination is answered
+again once the broker confirms it. Pure state, no I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from relay.interfaces import Fault, Reason
 
 PROVEN_TTL_S = 300.0  # permissions can change: probe again now and then
 REFUSED_TTL_S = 30.0  # a refusal is remembered this long, then one message probes again
+SILENT_FIRST_S = 5.0  # a destination that stopped confirming is left alone this long at first
+SILENT_MAX_S = 60.0  # ... doubling at each miss up to this
 MAX_ENTRIES = 10_000
 # What RabbitMQ's close says when a topic permission, not the exchange, refused the publish
 # (rabbit_access_control: "~s access to topic '~ts' in exchange ~ts refused for user '~ts'").
@@ -49,6 +59,8 @@ class Destinations:
     # (exchange, None): the whole exchange; (exchange, routing key): that key alone.
     _refused: dict[tuple[str, str | None], tuple[float, str]] = field(default_factory=dict)
     _closers: dict[str, None] = field(default_factory=dict)  # ids of rows that closed one
+    # (exchange, routing key) -> (loop time until which it is left alone, that backoff's s)
+    _silent: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     def subject(self, exchange: str, routing_key: str) -> str | tuple[str, str]:
         """What one probe proves: the exchange, or on a guarded exchange the routing key."""
@@ -95,6 +107,40 @@ class Destinations:
             return
         self._refused[(exchange, None)] = (now, why[:300])
         self._proven.pop(exchange, None)
+
+    def missed(self, exchange: str, routing_key: str, now: float) -> float:
+        """This destination's confirm did not come by the deadline while the broker answered:
+        leave it alone for a while (longer at each miss); returns how long."""
+        previous = self._silent.get((exchange, routing_key))
+        backoff = SILENT_FIRST_S if previous is None else min(previous[1] * 2, SILENT_MAX_S)
+        if previous is None and len(self._silent) >= MAX_ENTRIES:
+            self._silent.clear()
+        self._silent[(exchange, routing_key)] = (now + backoff, backoff)
+        return backoff
+
+    def silence(self, exchange: str, routing_key: str, now: float) -> Fault | None:
+        """Why this destination is left alone now, if it is (the delay: `silent_for`)."""
+        entry = self._silent.get((exchange, routing_key))
+        if entry is None or now >= entry[0]:
+            return None
+        return Fault(Reason.DESTINATION_SILENT,
+                     f"no confirm from exchange {exchange!r} with routing key {routing_key!r} "
+                     f"by the last deadline while the broker answered: not sent for "
+                     f"{entry[1]:g}s")
+
+    def silent_for(self, exchange: str, routing_key: str, now: float) -> float:
+        """Seconds this destination is still left alone (0: not silent)."""
+        entry = self._silent.get((exchange, routing_key))
+        return 0.0 if entry is None else max(entry[0] - now, 0.0)
+
+    def on_trial(self, exchange: str, routing_key: str, now: float) -> bool:
+        """It was silent and its while is over: its next message goes alone first."""
+        entry = self._silent.get((exchange, routing_key))
+        return entry is not None and now >= entry[0]
+
+    def answered(self, exchange: str, routing_key: str) -> None:
+        """The broker confirmed a message to this destination: it flows again."""
+        self._silent.pop((exchange, routing_key), None)
 
     def closed_channel(self, row_id: str) -> None:
         """This row's publish closed a channel: it goes alone from now on."""

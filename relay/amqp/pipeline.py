@@ -19,9 +19,12 @@ A batch's publish is a few passes, all ending by the batch's deadline:
    alone fails (`channel_closed_by_row`) and the others are delivered.
 
 Messages whose fate stays unknown are `unsent` with an outside cause (broker_lost, blocked,
-deadline, shutdown): their rows are left untouched. A pass where the broker confirmed nothing
-before the deadline is a silent broker, not a fault of those rows: the connection is dropped
-(the supervisor reconnects) and the rows are untouched.
+deadline, shutdown): their rows are left untouched. A destination none of whose messages was
+confirmed by the deadline while the broker confirmed others, or answered a check, has stopped
+confirming (relay/amqp/destinations.py): its rows are postponed (no attempt counted) and it is
+left alone for a while, then tried with one message. A pass where the broker confirmed nothing
+before the deadline and does not answer a check either is a silent broker, not a fault of those
+rows: the connection is dropped (the supervisor reconnects) and the rows are untouched.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ from relay.supervise import Supervisor
 log = structlog.get_logger("relay.amqp.pipeline")
 
 PASSES = 3
+# How long a broker that confirmed nothing by a deadline has to answer a check before the
+# connection is taken for dead.
+ANSWER_TIMEOUT_S = 2.0
+# Messages of a destination on trial wait this long while its one trial message goes alone.
+TRIAL_WAIT_S = 1.0
 # Channel-close reasons that are about the exchange, not about one message's properties.
 _DESTINATION_CODES = ("ACCESS_REFUSED", "NOT_FOUND")
 
@@ -219,7 +227,7 @@ class Pipeline:
         """One send of all messages; returns those whose fate is unknown, and whether the
         broker closed the channel under them."""
         sent = await self._send(messages, deadline)
-        unknown = await self._settle(messages, sent, result)
+        unknown = await self._settle(messages, sent, result, self.transport)
         return unknown, sent.closed_by_broker is not None
 
     async def _send(self, messages: list[Message], deadline: float,
@@ -253,7 +261,8 @@ class Pipeline:
                 continue
             if sent.status[0] in (ACKED, NACKED):
                 self.destinations.prove(m.exchange, m.routing_key, loop.time())
-            if await self._settle([m], sent, result):
+                self.destinations.answered(m.exchange, m.routing_key)
+            if await self._settle([m], sent, result, self.probe or self.transport):
                 return messages[index:], False
         return [], False
 
@@ -309,11 +318,14 @@ class Pipeline:
         shared: list[Message] = []
         waiting: dict[str, list[Message]] = {}
         alone: list[Message] = []
+        trials: set[tuple[str, str]] = set()
         for m in pending:
             now = loop.time()
-            refusal = self.destinations.refusal(m.exchange, m.routing_key, now)
-            if refusal is not None:
-                result.failed[m.id] = refusal
+            if self._held_back(m, now, trials, result):
+                continue
+            if self.destinations.on_trial(m.exchange, m.routing_key, now):
+                trials.add((m.exchange, m.routing_key))
+                alone.append(m)
             elif self.destinations.goes_alone(m.id):
                 alone.append(m)
             elif self.destinations.proven(m.exchange, m.routing_key, now):
@@ -333,6 +345,27 @@ class Pipeline:
                 result.unsent[m.id] = self._outside_cause(deadline) or Reason.BROKER_LOST
         order = {m.id: i for i, m in enumerate(pending)}
         return sorted(shared, key=lambda m: order[m.id])
+
+    def _held_back(self, m: Message, now: float, trials: set[tuple[str, str]],
+                   result: PublishResult) -> bool:
+        """Settle, unsent, a message whose destination refused lately (failed) or stopped
+        confirming (postponed; on trial: all but the one message that goes first)."""
+        refusal = self.destinations.refusal(m.exchange, m.routing_key, now)
+        if refusal is not None:
+            result.failed[m.id] = refusal
+            return True
+        silence = self.destinations.silence(m.exchange, m.routing_key, now)
+        if silence is not None:
+            result.postponed[m.id] = (
+                silence, self.destinations.silent_for(m.exchange, m.routing_key, now))
+            return True
+        if (m.exchange, m.routing_key) in trials:
+            result.postponed[m.id] = (Fault(
+                Reason.DESTINATION_SILENT,
+                "waiting for one message to show that its destination confirms again"),
+                TRIAL_WAIT_S)
+            return True
+        return False
 
     async def _probe(self, group: list[Message], result: PublishResult,
                      deadline: float) -> list[Message]:
@@ -365,18 +398,39 @@ class Pipeline:
                 group = [m for m in rest
                          if not self.destinations.proven(m.exchange, m.routing_key, now)]
                 continue
+            if sent is not None and sent.status[0] == TIMEOUT and self._waited_long(sent) \
+                    and await self.connection.answers(ANSWER_TIMEOUT_S):
+                # The broker answers, the probe's destination does not confirm: that one is
+                # silent; the rest go on (those to the same destination wait with it).
+                await self._silent_destinations([first], result, self.probe)
+                now = loop.time()
+                group = []
+                for m in rest:
+                    silence = self.destinations.silence(m.exchange, m.routing_key, now)
+                    if silence is None:
+                        group.append(m)
+                    else:
+                        result.postponed[m.id] = (
+                            silence, self.destinations.silent_for(m.exchange, m.routing_key, now))
+                continue
             # No answer for the probe: its fate and its exchange's are unknown; leave them.
             for m in group:
                 result.unsent[m.id] = self._outside_cause(deadline) or Reason.BROKER_LOST
             return ready
         return ready
 
-    async def _settle(self, messages: list[Message], sent: Sent,
-                      result: PublishResult) -> list[Message]:
+    async def _settle(self, messages: list[Message], sent: Sent, result: PublishResult,
+                      transport: Transport | None = None) -> list[Message]:
+        """Each message's fate from what the broker said about the pass `transport` sent."""
         unknown: list[Message] = []
+        late: list[Message] = []
         silent = False
-        # A pass cut short by the end of the budget proves nothing about the broker.
-        waited_long = sent.waited_s >= min(self.publish_timeout_s / 2, 5.0)
+        waited_long = self._waited_long(sent)
+        # Destinations the broker confirmed something of in this pass: a late confirm of theirs
+        # is a slow link or a busy queue, not a destination that stopped confirming.
+        answering = {(m.exchange, m.routing_key)
+                     for m, status in zip(messages, sent.status, strict=True)
+                     if status in (ACKED, NACKED)}
         for m, status in zip(messages, sent.status, strict=True):
             returned = sent.returned.get(m.id)
             if status == ACKED and returned is None:
@@ -387,21 +441,56 @@ class Pipeline:
                 result.failed[m.id] = Fault(Reason.NACKED, "nacked by the broker")
             elif status == TIMEOUT and sent.heard:
                 # The broker confirmed others of the pass: it is alive and this confirm is
-                # late (a slow link, a busy queue), not refused. The message may well be
-                # routed already, so it is no fault of the row: untouched, no attempt counted
-                # (charging one delivered the row several times and then parked it). Not sent
-                # again in this batch either: the deadline has passed.
-                result.unsent[m.id] = Reason.DEADLINE
+                # late, not refused. The message may well be routed already, so it is no fault
+                # of the row: no attempt counted (charging one delivered the row several times
+                # and then parked it). Not sent again in this batch: the deadline has passed.
+                if (m.exchange, m.routing_key) in answering or not waited_long:
+                    result.unsent[m.id] = Reason.DEADLINE  # a slow link, a busy queue
+                else:
+                    late.append(m)  # nothing of its destination confirmed: silent
             else:
                 alive = self.connection.blocked or sent.others_heard
-                silent = silent or (status == TIMEOUT and waited_long and not alive)
-                unknown.append(m)
-        if silent:
-            # Nothing was confirmed, on this pass or on the channel meanwhile: a broker that
-            # stopped answering (a silent network cut), not these rows' fault (a slow link
-            # still confirms other passes). Drop the connection; the supervisor reconnects.
+                if status == TIMEOUT and waited_long and not alive:
+                    silent = True
+                    late.append(m)
+                else:
+                    unknown.append(m)
+        if silent and not await self.connection.answers(ANSWER_TIMEOUT_S):
+            # Nothing was confirmed, on this pass or on the channel meanwhile, and the broker
+            # does not answer a check: a broker that stopped answering (a silent network cut),
+            # not these rows' fault. Drop the connection; the supervisor reconnects.
             await self.connection.abandon("no confirm from the broker within the deadline")
+            return unknown + late
+        if late:
+            await self._silent_destinations(late, result, transport)
         return unknown
+
+    def _waited_long(self, sent: Sent) -> bool:
+        """The pass waited long enough for its confirms to say something: one cut short by
+        the end of the batch's budget proves nothing about the broker or a destination."""
+        return sent.waited_s >= min(self.publish_timeout_s / 2, 5.0)
+
+    async def _silent_destinations(self, late: list[Message], result: PublishResult,
+                                   transport: Transport | None) -> None:
+        """The broker is alive and confirmed nothing of these messages' destinations by the
+        deadline: each destination is left alone for a while, and its rows are postponed (no
+        attempt counted; they may have been routed: sent again when it confirms again). The
+        channel they went on is closed: a message it still waits for holds back the confirms
+        of every later one on it (measured: a classic queue's message sent after a quorum
+        queue's without its majority was never confirmed on that channel)."""
+        if transport is not None:
+            await transport.discard()
+        now = asyncio.get_running_loop().time()
+        backoff: dict[tuple[str, str], float] = {}
+        for m in late:
+            dest = (m.exchange, m.routing_key)
+            if dest not in backoff:
+                backoff[dest] = self.destinations.missed(m.exchange, m.routing_key, now)
+                log.warning("destination_silent", exchange=m.exchange,
+                            routing_key=m.routing_key, backoff_s=backoff[dest])
+            fault = self.destinations.silence(m.exchange, m.routing_key, now)
+            assert fault is not None
+            result.postponed[m.id] = (fault, backoff[dest])
 
 
 def _reraise_if_cancelled() -> None:

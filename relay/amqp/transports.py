@@ -68,6 +68,10 @@ class Transport(Protocol):
     async def open(self, connection: Any) -> None:
         """Open (or reopen) the confirm channel on an aio-pika connection."""
 
+    async def discard(self) -> None:
+        """Close the channel (bounded, errors ignored): a message it still waits for would
+        hold back the confirms of every later one on it. The next send opens another."""
+
     async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
         """Publish and wait for confirms until `deadline` (loop time)."""
 
@@ -75,6 +79,15 @@ class Transport(Protocol):
 # Returns kept for rows whose pass has not read them yet; a return for a pass that already
 # ended (its deadline passed) is never read, so the oldest go first beyond this many.
 RETURNS_KEPT = 100_000
+CLOSE_TIMEOUT_S = 2.0
+
+
+async def _close_quietly(raw: Any) -> None:
+    """Close a raw channel within CLOSE_TIMEOUT_S, whatever the broker or the link does."""
+    if raw is None or raw.is_closed:
+        return
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(raw.close(), timeout=CLOSE_TIMEOUT_S)
 
 
 class _Returns:
@@ -147,6 +160,11 @@ class PerMessage:
         self._channel, self._raw, self._returns = await _confirm_channel(connection)
         self._closing = _Closing(self._raw)
 
+    async def discard(self) -> None:
+        """Close the channel; the next open() brings another (Transport.discard)."""
+        raw, self._raw = self._raw, None
+        await _close_quietly(raw)
+
     async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
         """Publish every message; wait for their confirms until the deadline."""
         # This channel's own returns: a reopen meanwhile brings a new channel with its own.
@@ -191,11 +209,6 @@ class _PartlyWritten(Exception):
     """The writer stopped taking pieces inside a message split over several of them."""
 
 
-async def _close_quietly(raw: Any) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(raw.close(), timeout=5)
-
-
 def _exception(task: asyncio.Future[Any]) -> BaseException | None:
     return None if task.cancelled() else task.exception()
 
@@ -233,6 +246,12 @@ class Bulk:
     def usable(self) -> bool:
         """The confirm channel is open."""
         return self._confirm is not None and not self._confirm.closed
+
+    async def discard(self) -> None:
+        """Close the channel; the next open() brings another (Transport.discard)."""
+        confirm, self._confirm = self._confirm, None
+        if confirm is not None:
+            await _close_quietly(confirm.raw)
 
     async def open(self, connection: Any) -> None:
         """Open a confirm channel whose confirms and returns go to the tag tracker."""

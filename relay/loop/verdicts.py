@@ -51,6 +51,10 @@ def decide(
             verdicts.append(Verdict(row.id, Kind.PUBLISHED))
         elif (failure := result.failed.get(row.id)) is not None:
             verdicts.append(_retry_or_dead(row, failure, policy))
+        elif (postponed := result.postponed.get(row.id)) is not None:
+            fault, delay_s = postponed
+            verdicts.append(Verdict(row.id, Kind.RETRY, fault.reason, fault.text,
+                                    delay_s=delay_s, counted=False))
         else:
             # Unsent for an outside cause, or never sent (the ordering policy held it back).
             verdicts.append(Verdict(row.id, Kind.UNTOUCHED, result.unsent.get(row.id, Reason.HELD)))
@@ -73,7 +77,7 @@ def to_settlement(verdicts: Sequence[Verdict]) -> Settlement:
         if v.kind is Kind.PUBLISHED:
             settlement.published.append(v.row_id)
         elif v.kind is Kind.RETRY:
-            settlement.retry.append((v.row_id, f"{v.code}: {v.text}", v.delay_s))
+            settlement.retry.append((v.row_id, f"{v.code}: {v.text}", v.delay_s, v.counted))
         elif v.kind is Kind.DEAD:
             text = v.text if v.counted else f"{v.code}: {v.text}"
             settlement.dead.append((v.row_id, text, v.counted))

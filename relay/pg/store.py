@@ -95,8 +95,9 @@ class _Claim:
                 name = "archive_published" if archive else "delete_published"
                 await self._conn.execute(self._q[name], settlement.published)
             if settlement.retry:
-                ids, errors, delays = zip(*settlement.retry, strict=True)
-                await self._conn.execute(self._q["reschedule_failed"], ids, errors, delays)
+                ids, errors, delays, counted = zip(*settlement.retry, strict=True)
+                await self._conn.execute(self._q["reschedule_failed"], ids, errors, delays,
+                                         counted)
             if settlement.dead:
                 ids, reasons, counted = zip(*settlement.dead, strict=True)
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
@@ -345,7 +346,7 @@ class Outbox:
         name = ("archive_published" if self._on_success is OnSuccess.ARCHIVE
                 else "delete_published")
         await conn.execute(q[name], [])
-        await conn.execute(q["reschedule_failed"], [], [], [])
+        await conn.execute(q["reschedule_failed"], [], [], [], [])
         await conn.execute(q["dead_letter"], [], [], [])
         if len(self._prepared) > PREPARED_KEPT:
             self._prepared.clear()  # connections come and go: forget the old ones now and then

@@ -27,7 +27,7 @@ from tests.chaos.harness import (
     report,
 )
 from tests.ha.rabbit_cluster import RabbitCluster, nodes_of, remove_strays
-from tests.helpers import Env, RelayProcess, wait_until
+from tests.helpers import Env, RelayProcess, pg_fetchval, wait_until
 from tests.servers.rabbitmq_node import free_port
 
 pytestmark = [
@@ -217,3 +217,68 @@ async def test_rabbitmq_cluster__node_of_each_relay_stopped_loses_nothing(
         for consumer in consumers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(consumer.stop(), timeout=10)
+
+
+async def test_rabbitmq_cluster__a_quorum_queue_without_its_majority_holds_back_only_its_rows(
+    cluster: RabbitCluster, db: str, tmp_path: Path
+) -> None:
+    """Two of three nodes stop: a quorum queue loses its majority and its confirms stop
+    coming, while a classic queue on the node the relay is on flows. The quorum queue's rows
+    sat at the head of every batch: every batch waited its whole budget, a pass that confirmed
+    nothing dropped the broker connection, and each retry handed the broker another copy. Now
+    its destination is left alone (rows postponed, no attempt counted) and tried again now and
+    then; the classic queue's rows flow, and once the majority is back every quorum row
+    arrives."""
+    url = cluster.urls[0]
+    exchange, quorum, classic = "relay-silent-x", "relay-silent-quorum", "relay-silent-classic"
+    conn = await aio_pika.connect(url)
+    try:
+        channel = await conn.channel()
+        x = await channel.declare_exchange(exchange, aio_pika.ExchangeType.DIRECT, durable=True)
+        q = await channel.declare_queue(quorum, durable=True,
+                                        arguments={"x-queue-type": "quorum"})
+        await q.bind(x, "quorum")
+        c = await channel.declare_queue(classic, durable=True)
+        await c.bind(x, "classic")
+    finally:
+        await conn.close()
+    for node in cluster.nodes[1:]:
+        await asyncio.to_thread(cluster.stop_node, node)
+    quorum_ids, classic_ids = fresh_ids(300), fresh_ids(3000)
+    await insert_with_ids(db, exchange, "quorum", quorum_ids)  # the oldest rows: batch heads
+    await insert_with_ids(db, exchange, "classic", classic_ids)
+    env = Env(pg_dsn=db, amqp_url=url, exchange=exchange, queue=classic)
+    classic_consumer = await RobustConsumer(url, classic).start()
+    quorum_consumer: RobustConsumer | None = None
+    try:
+        with relays(env, tmp_path, publish_timeout_s=3, batch_size=100) as group:
+            relay = group.start()
+            started = time.monotonic()
+            await wait_until(lambda: set(classic_ids) <= set(classic_consumer.ids),
+                             timeout_s=60, interval_s=0.2,
+                             what="every classic row while the quorum queue has no majority")
+            took = time.monotonic() - started
+            attempts = await pg_fetchval(
+                db, "SELECT max(attempts) FROM queue_message WHERE routing_key = 'quorum'")
+            silent = await pg_fetchval(
+                db, "SELECT count(*) FROM queue_message WHERE routing_key = 'quorum' "
+                "AND last_error LIKE 'destination_silent%'")
+            drops = len(group.events("connection_lost", connection="broker"))
+            print(f"\n[ha] quorum queue without majority: 3,000 classic rows in {took:.1f} s; "
+                  f"quorum rows: max attempts {attempts}, {silent} postponed as silent; "
+                  f"broker connection dropped {drops} times")
+            assert attempts == 0, "a silent destination's rows are charged no attempt"
+            assert silent > 0
+            assert drops == 0, "the broker answered: its connection is not dropped"
+            assert "destination_silent" in relay.log_text()
+            for node in cluster.nodes[1:]:
+                await asyncio.to_thread(cluster.start_node, node)
+            quorum_consumer = await RobustConsumer(url, quorum).start()
+            await wait_until(lambda: set(quorum_ids) <= set(quorum_consumer.ids),
+                             timeout_s=180, interval_s=0.5,
+                             what="every quorum row once the majority is back")
+            await assert_drained(db)
+    finally:
+        await classic_consumer.stop()
+        if quorum_consumer is not None:
+            await quorum_consumer.stop()

@@ -117,7 +117,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         promise="A confirm that comes late is not the row's fault: no attempt counted",
         edits=(Edit(
             "relay/amqp/pipeline.py",
-            r"result\.unsent\[m\.id\] = Reason\.DEADLINE\n",
+            r"result\.unsent\[m\.id\] = Reason\.DEADLINE  # a slow link, a busy queue\n",
             "result.failed[m.id] = Fault(Reason.CONFIRM_TIMEOUT, 'late')\n",
         ),),
         test="tests/unit/test_pipeline.py"

@@ -29,6 +29,7 @@ class FakeConnection:
     exchanges: ExchangeCache = field(default_factory=ExchangeCache)
     user: str = "guest"
     raw: Any = None
+    answering: bool = False  # a check on the connection is answered (the broker is alive)
 
     @property
     def ready(self) -> bool:
@@ -39,6 +40,9 @@ class FakeConnection:
 
     async def missing_exchanges(self, names: set[str]) -> set[str]:
         return names & self.missing
+
+    async def answers(self, timeout_s: float) -> bool:
+        return self.answering
 
     async def abandon(self, why: str) -> None:
         self.abandoned.append(why)
@@ -60,6 +64,9 @@ class ScriptedTransport:
     async def open(self, connection: Any) -> None:
         self.opened += 1
         self.usable = True
+
+    async def discard(self) -> None:
+        self.usable = False
 
     async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
         self.sends.append([m.id for m in messages])
@@ -142,6 +149,58 @@ async def test_publish__a_late_confirm_while_the_broker_confirms_others_is_not_t
     assert result.unsent == {"m2": Reason.DEADLINE}
     assert transport.sends == [["m0", "m1", "m2", "m3", "m4"]], "not sent again in the batch"
     assert not conn.abandoned
+
+
+async def test_publish__a_destination_that_stops_confirming_is_left_alone_then_tried() -> None:
+    """A queue whose confirms never come (a quorum queue without its majority) kept its rows
+    at the head of every batch: every batch waited the whole budget, every retry handed the
+    broker another copy. Now its destination is silent for a while: its rows are postponed
+    (no attempt counted), the others flow, and then one message goes alone as a trial."""
+    def shared_answer(ms: Sequence[Message]) -> Sent:
+        return Sent([TIMEOUT if m.exchange == "quorum" else ACKED for m in ms], waited_s=15)
+
+    pipeline, shared, probe = _probed(FakeConnection(), lambda ms: Sent([ACKED]),
+                                      *[shared_answer] * 5)
+    now = asyncio.get_running_loop().time()
+    pipeline.destinations.prove("x", "rk", now)
+    pipeline.destinations.prove("quorum", "rk", now)
+    batch = [*_to("x", "a0", "a1"), *_to("quorum", "q0", "q1")]
+    first = await pipeline.publish(batch)
+    assert sorted(first.confirmed) == ["a0", "a1"]
+    assert {k: (f.reason, d) for k, (f, d) in first.postponed.items()} == {
+        "q0": (Reason.DESTINATION_SILENT, 5.0), "q1": (Reason.DESTINATION_SILENT, 5.0)}
+    assert not first.failed
+    assert not first.unsent
+    # While it is silent its messages are not sent; the others are.
+    second = await pipeline.publish([*_to("x", "a2"), *_to("quorum", "q2")])
+    assert shared.sends[-1] == ["a2"]
+    assert second.postponed["q2"][0].reason is Reason.DESTINATION_SILENT
+    assert 0 < second.postponed["q2"][1] <= 5.0
+    # Its while is over: one message goes alone on the probe channel; once the broker
+    # confirms it, the destination flows again.
+    pipeline.destinations._silent[("quorum", "rk")] = (0.0, 5.0)
+    third = await pipeline.publish(_to("quorum", "q3", "q4"))
+    assert probe.sends[-1] == ["q3"]
+    assert third.confirmed == ["q3"]
+    assert third.postponed["q4"][1] == 1.0
+    await pipeline.publish(_to("quorum", "q5"))
+    assert shared.sends[-1] == ["q5"], "it shares the busy channel again"
+
+
+async def test_publish__nothing_confirmed_but_the_broker_answers_is_a_silent_destination(
+) -> None:
+    """A batch holding only a silent destination's rows dropped the whole broker connection
+    (reconnected at once, every pass); a check answered by the broker says it is alive."""
+    def silent(ms: Sequence[Message]) -> Sent:
+        return Sent([TIMEOUT] * len(ms), waited_s=15)
+
+    conn = FakeConnection(answering=True)
+    pipeline, _ = _pipeline(conn, silent)
+    result = await pipeline.publish(BATCH)
+    assert not conn.abandoned
+    assert set(result.postponed) == {m.id for m in BATCH}
+    assert not result.unsent
+    assert not result.failed
 
 
 async def test_publish__blocked_or_lost_broker_leaves_rows_untouched_with_the_cause() -> None:

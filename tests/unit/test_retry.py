@@ -53,6 +53,6 @@ def test_to_settlement__retries_carry_code_and_text_and_gave_up_names_the_attemp
     verdicts = decide([row("b"), row("c", attempts=2)], {},
                       PublishResult(failed={"b": NACKED, "c": NACKED}), POLICY)
     settlement = to_settlement(verdicts)
-    assert [(i, e) for i, e, _ in settlement.retry] == [("b", "nacked: nacked by the broker")]
+    assert [(i, e) for i, e, *_ in settlement.retry] == [("b", "nacked: nacked by the broker")]
     assert settlement.dead == [("c", "gave up after 3 attempts: nacked: nacked by the broker",
                                 True)]
