@@ -118,20 +118,15 @@ class Destinations:
         self._silent[(exchange, routing_key)] = (now + backoff, backoff)
         return backoff
 
-    def silence(self, exchange: str, routing_key: str, now: float) -> Fault | None:
-        """Why this destination is left alone now, if it is (the delay: `silent_for`)."""
+    def silence(self, exchange: str, routing_key: str, now: float) -> tuple[Fault, float] | None:
+        """Why this destination is left alone now, and for how many seconds more, if it is."""
         entry = self._silent.get((exchange, routing_key))
         if entry is None or now >= entry[0]:
             return None
         return Fault(Reason.DESTINATION_SILENT,
                      f"no confirm from exchange {exchange!r} with routing key {routing_key!r} "
                      f"by the last deadline while the broker answered: not sent for "
-                     f"{entry[1]:g}s")
-
-    def silent_for(self, exchange: str, routing_key: str, now: float) -> float:
-        """Seconds this destination is still left alone (0: not silent)."""
-        entry = self._silent.get((exchange, routing_key))
-        return 0.0 if entry is None else max(entry[0] - now, 0.0)
+                     f"{entry[1]:g}s"), entry[0] - now
 
     def on_trial(self, exchange: str, routing_key: str, now: float) -> bool:
         """It was silent and its while is over: its next message goes alone first."""

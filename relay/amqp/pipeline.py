@@ -316,7 +316,7 @@ class Pipeline:
         a message whose row closed a channel before is sent alone here."""
         loop = asyncio.get_running_loop()
         shared: list[Message] = []
-        waiting: dict[str, list[Message]] = {}
+        waiting: dict[str | tuple[str, str], list[Message]] = {}
         alone: list[Message] = []
         trials: set[tuple[str, str]] = set()
         for m in pending:
@@ -331,7 +331,7 @@ class Pipeline:
             elif self.destinations.proven(m.exchange, m.routing_key, now):
                 shared.append(m)
             else:
-                waiting.setdefault(str(self.destinations.subject(m.exchange, m.routing_key)),
+                waiting.setdefault(self.destinations.subject(m.exchange, m.routing_key),
                                    []).append(m)
         for group in waiting.values():
             now = loop.time()
@@ -356,8 +356,7 @@ class Pipeline:
             return True
         silence = self.destinations.silence(m.exchange, m.routing_key, now)
         if silence is not None:
-            result.postponed[m.id] = (
-                silence, self.destinations.silent_for(m.exchange, m.routing_key, now))
+            result.postponed[m.id] = silence
             return True
         if (m.exchange, m.routing_key) in trials:
             result.postponed[m.id] = (Fault(
@@ -381,13 +380,8 @@ class Pipeline:
             if sent is not None and sent.closed_by_broker is not None \
                     and sent.status[0] not in (ACKED, NACKED):
                 self._refused(first, sent.closed_by_broker, result)
-                group = []
-                for m in rest:
-                    refusal = self.destinations.refusal(m.exchange, m.routing_key, loop.time())
-                    if refusal is None:
-                        group.append(m)
-                    else:
-                        result.failed[m.id] = refusal
+                now = loop.time()
+                group = [m for m in rest if not self._held_back(m, now, set(), result)]
                 continue
             if sent is not None and sent.status[0] in (ACKED, NACKED):
                 self.destinations.prove(first.exchange, first.routing_key, loop.time())
@@ -404,14 +398,7 @@ class Pipeline:
                 # silent; the rest go on (those to the same destination wait with it).
                 await self._silent_destinations([first], result, self.probe)
                 now = loop.time()
-                group = []
-                for m in rest:
-                    silence = self.destinations.silence(m.exchange, m.routing_key, now)
-                    if silence is None:
-                        group.append(m)
-                    else:
-                        result.postponed[m.id] = (
-                            silence, self.destinations.silent_for(m.exchange, m.routing_key, now))
+                group = [m for m in rest if not self._held_back(m, now, set(), result)]
                 continue
             # No answer for the probe: its fate and its exchange's are unknown; leave them.
             for m in group:
@@ -481,16 +468,15 @@ class Pipeline:
         if transport is not None:
             await transport.discard()
         now = asyncio.get_running_loop().time()
-        backoff: dict[tuple[str, str], float] = {}
+        backoff = {dest: self.destinations.missed(*dest, now)
+                   for dest in dict.fromkeys((m.exchange, m.routing_key) for m in late)}
+        for (exchange, routing_key), backoff_s in backoff.items():
+            log.warning("destination_silent", exchange=exchange, routing_key=routing_key,
+                        backoff_s=backoff_s)
         for m in late:
-            dest = (m.exchange, m.routing_key)
-            if dest not in backoff:
-                backoff[dest] = self.destinations.missed(m.exchange, m.routing_key, now)
-                log.warning("destination_silent", exchange=m.exchange,
-                            routing_key=m.routing_key, backoff_s=backoff[dest])
-            fault = self.destinations.silence(m.exchange, m.routing_key, now)
-            assert fault is not None
-            result.postponed[m.id] = (fault, backoff[dest])
+            silence = self.destinations.silence(m.exchange, m.routing_key, now)
+            assert silence is not None  # missed() just now
+            result.postponed[m.id] = (silence[0], backoff[(m.exchange, m.routing_key)])
 
 
 def _reraise_if_cancelled() -> None:
