@@ -231,21 +231,18 @@ async def test_rabbitmq_cluster__a_quorum_queue_without_its_majority_holds_back_
     arrives."""
     url = cluster.urls[0]
     exchange, quorum, classic = "relay-silent-x", "relay-silent-quorum", "relay-silent-classic"
+    await _declare(url, exchange, quorum)  # the quorum queue, bound with "rk"
     conn = await aio_pika.connect(url)
     try:
         channel = await conn.channel()
-        x = await channel.declare_exchange(exchange, aio_pika.ExchangeType.DIRECT, durable=True)
-        q = await channel.declare_queue(quorum, durable=True,
-                                        arguments={"x-queue-type": "quorum"})
-        await q.bind(x, "quorum")
         c = await channel.declare_queue(classic, durable=True)
-        await c.bind(x, "classic")
+        await c.bind(exchange, "classic")
     finally:
         await conn.close()
     for node in cluster.nodes[1:]:
         await asyncio.to_thread(cluster.stop_node, node)
     quorum_ids, classic_ids = fresh_ids(300), fresh_ids(3000)
-    await insert_with_ids(db, exchange, "quorum", quorum_ids)  # the oldest rows: batch heads
+    await insert_with_ids(db, exchange, "rk", quorum_ids)  # the oldest rows: batch heads
     await insert_with_ids(db, exchange, "classic", classic_ids)
     env = Env(pg_dsn=db, amqp_url=url, exchange=exchange, queue=classic)
     classic_consumer = await RobustConsumer(url, classic).start()
@@ -259,9 +256,9 @@ async def test_rabbitmq_cluster__a_quorum_queue_without_its_majority_holds_back_
                              what="every classic row while the quorum queue has no majority")
             took = time.monotonic() - started
             attempts = await pg_fetchval(
-                db, "SELECT max(attempts) FROM queue_message WHERE routing_key = 'quorum'")
+                db, "SELECT max(attempts) FROM queue_message WHERE routing_key = 'rk'")
             silent = await pg_fetchval(
-                db, "SELECT count(*) FROM queue_message WHERE routing_key = 'quorum' "
+                db, "SELECT count(*) FROM queue_message WHERE routing_key = 'rk' "
                 "AND last_error LIKE 'destination_silent%'")
             drops = len(group.events("connection_lost", connection="broker"))
             print(f"\n[ha] quorum queue without majority: 3,000 classic rows in {took:.1f} s; "

@@ -12,7 +12,15 @@ import aio_pika
 import pytest
 
 from tests.chaos.harness import broker_user, rabbitmqctl
-from tests.helpers import Consumer, Env, count_rows, pg_session, wait_until, with_user
+from tests.helpers import (
+    Consumer,
+    Env,
+    count_rows,
+    dead_reasons,
+    pg_session,
+    wait_until,
+    with_user,
+)
 
 
 @pytest.fixture
@@ -39,11 +47,7 @@ async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blame
     rows = [(env.exchange, env.routing_key, {"good": i}) for i in range(900)]
     for at, target in ((150, "amq.rabbitmq.trace"), (450, forbidden), (750, "amq.rabbitmq.trace")):
         rows.insert(at, (target, "rk", {"refused": at}))
-    async with pg_session(env.pg_dsn) as db:
-        ids = [r[0] for r in await db.fetch(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[]) RETURNING id::text",
-            [r[0] for r in rows], [r[1] for r in rows], [json.dumps(r[2]) for r in rows])]
+    ids = await _insert(env.pg_dsn, rows)
     refused = {row_id for row_id, row in zip(ids, rows, strict=True) if row[0] != env.exchange}
     assert len(refused) == 3
     url = with_user(env.amqp_url, *limited_user)
@@ -53,9 +57,7 @@ async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blame
     receipts = Counter(consumer.ids())
     assert set(receipts) == set(ids) - refused
     assert max(receipts.values()) == 1, [k for k, n in receipts.items() if n > 1][:5]
-    async with pg_session(env.pg_dsn) as db:
-        dead = {r["id"]: r["reason"] for r in await db.fetch(
-            "SELECT id::text, reason FROM queue_message_dead")}
+    dead = await dead_reasons(env.pg_dsn)
     assert set(dead) == refused, dead
     assert all("ACCESS_REFUSED" in reason for reason in dead.values()), dead
     assert all(relay.alive() for relay in relays)
@@ -83,20 +85,14 @@ async def test_refused_routing_key__only_its_rows_are_parked_the_exchange_flows(
         await (await channel.get_queue(env.queue)).bind(exchange, routing_key="#")
     finally:
         await conn.close()
-    rows = [(f"ok.{i % 7}", {"good": i}) for i in range(600)]
+    rows = [(topic, f"ok.{i % 7}", {"good": i}) for i in range(600)]
     for at in (100, 300, 500):
-        rows.insert(at, (f"denied.{at}", {"denied": at}))
+        rows.insert(at, (topic, f"denied.{at}", {"denied": at}))
     with broker_user("relay_topic") as user:
         rabbitmqctl("set_topic_permissions", "-p", "/", user[0], topic, "^ok\\.", ".*")
-        async with pg_session(env.pg_dsn) as db:
-            # One statement for every row (the rows' exchanges and keys are the subject).
-            ids = [r[0] for r in await db.fetch(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "SELECT $1, rk, c FROM unnest($2::text[], $3::jsonb[]) AS u(rk, c) "
-                "RETURNING id::text",
-                topic, [r[0] for r in rows], [json.dumps(r[1]) for r in rows])]
+        ids = await _insert(env.pg_dsn, rows)
         denied = {row_id for row_id, row in zip(ids, rows, strict=True)
-                  if row[0].startswith("denied")}
+                  if row[1].startswith("denied")}
         url = with_user(env.amqp_url, *user)
         relays = [start_relay(amqp_url=url, concurrency=LANES, batch_size=BATCH,
                               max_attempts=1) for _ in range(2)]
@@ -107,12 +103,20 @@ async def test_refused_routing_key__only_its_rows_are_parked_the_exchange_flows(
     duplicates = sum(n - 1 for n in receipts.values())
     print(f"\n[refusals] 3 denied routing keys among 600 rows, 2 relays: {duplicates} duplicates")
     assert duplicates <= 2 * LANES * BATCH
-    async with pg_session(env.pg_dsn) as db:
-        dead = {r["id"]: r["reason"] for r in await db.fetch(
-            "SELECT id::text, reason FROM queue_message_dead")}
+    dead = await dead_reasons(env.pg_dsn)
     assert set(dead) == denied, dead
     assert all("access to topic 'denied." in reason for reason in dead.values()), dead
     assert all(relay.alive() for relay in relays)
+
+
+async def _insert(dsn: str, rows: list[tuple[str, str, dict[str, int]]]) -> list[str]:
+    """Rows of (exchange, routing key, body) in one statement, in order; their ids. (The rows'
+    exchanges and keys are the subject here, so the INSERT names them one by one.)"""
+    async with pg_session(dsn) as db:
+        return [r[0] for r in await db.fetch(
+            "INSERT INTO queue_message (exchange, routing_key, content) "
+            "SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[]) RETURNING id::text",
+            [r[0] for r in rows], [r[1] for r in rows], [json.dumps(r[2]) for r in rows])]
 
 
 async def _empty(env: Env) -> bool:

@@ -5,7 +5,7 @@ notifying). `relay run` says so in /readyz, a metric and a log line (query lock_
 
 from __future__ import annotations
 
-from relay.pg.queries import LEADER_LOCK_CLASS, WAKEUP_LOCK_CLASS
+from relay.pg.queries import LEADER_LOCK_CLASS, WAKEUP_LOCK_CLASS, Queries, TableNames
 from tests.helpers import Env, pg_session, wait_until
 from tests.integration.test_http import http_get, probe, samples
 from tests.proxy import free_port
@@ -52,8 +52,6 @@ async def test_lock_strangers__the_query_names_only_sessions_that_are_not_relays
     env: Env,
 ) -> None:
     """Both roles' locks, each held once by a relay-named session and once not."""
-    from relay.pg.queries import Queries, TableNames
-
     query = Queries(TableNames(None, "queue_message", "queue_message_notify"))["lock_strangers"]
     relay_like = {"application_name": "outbox-relay gate host 1"}
     async with pg_session(env.pg_dsn, server_settings=relay_like) as ours, \
