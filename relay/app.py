@@ -83,6 +83,22 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
         await leadership.close()
 
 
+def make_listener(settings: Settings, supervisors: Supervisors,
+                  wake: Callable[[], None]) -> Listener:
+    """The LISTEN session. It is the one session that reconnects during a database outage
+    whether or not the worker is busy, so it comes back within 5 s of the server and then
+    ends the worker pool's backoff (which may have grown to `reconnect_max_s`)."""
+    return Listener(
+        lambda: connect(settings, "listener"),
+        settings.notify_channel,
+        wake,
+        supervisor=supervisors.add(
+            "listener", backoff=Backoff(0.2, min(5.0, settings.reconnect_max_s))),
+        ping_sql=Queries(table_names(settings))["ping"],
+        on_up=supervisors.get("database").wake,
+    )
+
+
 def make_publisher(settings: Settings, supervisor: Supervisor, role: str = "") -> Pipeline:
     """The publish pipeline over the configured transport; `supervisor` drives its connection
     (start-up wait, reconnects, the state /healthz shows); `role` names a second connection."""
@@ -197,13 +213,7 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, gate=gate,
                     doorbell=doorbell, db_supervisor=supervisors.get("database"),
                     tracing=tracing, express=express[0] if express is not None else None)
-    listener = services.start(Listener(
-        lambda: connect(settings, "listener"),
-        settings.notify_channel,
-        doorbell.ring,
-        supervisor=supervisors.add("listener"),
-        ping_sql=Queries(table_names(settings))["ping"],
-    ))
+    listener = services.start(make_listener(settings, supervisors, doorbell.ring))
     log.info(
         "relay_started",
         table=settings.table,

@@ -13,7 +13,9 @@ reachable now"; anything else (a wrong password, a missing database) propagates 
 
 Loops that must do something between attempts (a worker that heartbeats, a standby that polls)
 drive the same state one attempt at a time: `failed(error)` after a failure, `pause()` for the
-next backoff delay of the outage, `ok()` after a success.
+next backoff delay of the outage, `ok()` after a success. Another session to the same server
+that just came back calls `wake()`: the pause under way ends at once, so a connection does not
+sit out a 30 s backoff after its server is known to answer again.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class Supervisor:
         self._attempts = 0
         self._never_up = True
         self._delays: Iterator[float] | None = None  # this outage's backoff; None when up
+        self._woken = asyncio.Event()  # set by wake(): ends the pause under way (or the next)
 
     # ------------------------------------------------------------------ state changes
 
@@ -119,8 +122,28 @@ class Supervisor:
         self._delays = None
 
     async def pause(self) -> bool:
-        """Sleep this outage's next backoff delay; False (at once) when the relay stops."""
-        return await self.sleep(self.next_delay_s())
+        """Sleep this outage's next backoff delay, or less when `wake()` is called meanwhile;
+        False (at once) when the relay stops."""
+        return await self._sleep_unless_woken(self.next_delay_s())
+
+    async def _sleep_unless_woken(self, seconds: float) -> bool:
+        if not self._woken.is_set():
+            woken = asyncio.ensure_future(self._woken.wait())
+            stopping = asyncio.ensure_future(self.stopping.wait())
+            try:
+                await asyncio.wait({woken, stopping}, timeout=max(seconds, 0.0),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                stopping.cancel()
+        self._woken.clear()
+        return not self.stopping.is_set()
+
+    def wake(self) -> None:
+        """The server answers again (another session to it reconnected): end this outage's
+        pause now rather than at its backoff delay. Does nothing while the connection is up."""
+        if self.state == "down":
+            self._woken.set()
 
     def next_delay_s(self) -> float:
         """This outage's next backoff delay (for a loop that must not block: it notes when
@@ -164,6 +187,7 @@ class Supervisor:
         self._never_up = False
         self._outage_logged = False
         self._delays = None
+        self._woken.clear()
         self.state, self.down_since, self.last_error, self._attempts = "up", None, None, 0
 
     def stop(self) -> None:

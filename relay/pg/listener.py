@@ -24,6 +24,8 @@ class Listener:
 
     Notifications sent while the session was down are gone, so every (re)connect also wakes
     the worker for a sweep. After a failover the connect function finds the new primary.
+    Every (re)connect also calls `on_up`: the server answers again, so the worker's pool need
+    not sit out the rest of its backoff delay.
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class Listener:
         supervisor: Supervisor | None = None,
         ping_sql: str = "SELECT 1",
         check_interval_s: float = 5.0,
+        on_up: Callable[[], None] | None = None,
     ) -> None:
         self._connect = connect
         self.channel = channel
@@ -43,6 +46,7 @@ class Listener:
         self._ping_sql = ping_sql
         self.check_interval_s = check_interval_s
         self._conn: asyncpg.Connection | None = None
+        self._on_up = on_up
 
     @property
     def connected(self) -> bool:
@@ -69,6 +73,8 @@ class Listener:
             except Stopping:
                 return
             self._conn = conn
+            if self._on_up is not None:
+                self._on_up()
             self._wake()
             try:
                 reason = await self._watch(conn)

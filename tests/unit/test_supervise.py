@@ -129,7 +129,7 @@ async def test_pause__backoff_grows_within_an_outage_and_restarts_after_recovery
         asked.append(seconds)
         return True
 
-    sup.sleep = record  # type: ignore[method-assign]
+    sup._sleep_unless_woken = record  # type: ignore[method-assign]
     sup.failed("down")
     for _ in range(4):
         await sup.pause()
@@ -194,3 +194,36 @@ def test_supervisor__logs_the_outage_once_and_each_new_kind_of_cause_once(
     out = capsys.readouterr().out
     assert out.count("connection_lost") == 1
     assert out.count("connection_failing") == 2
+
+
+async def test_wake__ends_the_pause_of_an_outage_at_once_and_only_that_pause() -> None:
+    """Another session to the same server came back: the connection tries again now rather
+    than after a backoff delay that may have grown to half a minute."""
+    sup = Supervisor("database", backoff=Backoff(base_s=60, max_s=60))
+    sup.failed("down")
+    loop = asyncio.get_running_loop()
+    paused = asyncio.ensure_future(sup.pause())
+    await asyncio.sleep(0.05)
+    assert not paused.done()
+    started = loop.time()
+    sup.wake()
+    assert await asyncio.wait_for(paused, timeout=1.0) is True
+    assert loop.time() - started < 0.5
+    # The wake was used up: the next pause of the same outage waits its delay again.
+    again = asyncio.ensure_future(sup.pause())
+    await asyncio.sleep(0.05)
+    assert not again.done()
+    sup.stop()
+    assert await asyncio.wait_for(again, timeout=1.0) is False
+
+
+async def test_wake__while_up_is_forgotten_and_does_not_shorten_a_later_outage() -> None:
+    sup = Supervisor("database", backoff=Backoff(base_s=60, max_s=60))
+    sup.ok()
+    sup.wake()
+    sup.failed("down")
+    paused = asyncio.ensure_future(sup.pause())
+    await asyncio.sleep(0.05)
+    assert not paused.done()
+    sup.stop()
+    assert await asyncio.wait_for(paused, timeout=1.0) is False
