@@ -224,9 +224,6 @@ class LockGate:
         if self._conn is None and not self.election.waiting:
             return
         was_sleeper = self.role == "sleeper"
-        acquire, self._acquire = self._acquire, None
-        if acquire is not None:
-            acquire.cancel()
         self._reset()
         if was_sleeper:
             log.info("wakeup_role_released", reason="broker connection down")
@@ -295,6 +292,11 @@ class LockGate:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             conn.terminate()
+        # A lock request queued on that session went with it: left pending, it would fail
+        # later and take the next session down with it.
+        acquire, self._acquire = self._acquire, None
+        if acquire is not None:
+            acquire.cancel()
         was_sleeper = self.election.forget() or self.held
         self.held, self.mode = False, None
         return was_sleeper

@@ -1,0 +1,54 @@
+"""The wake-up gate's session lost while its request for the wake-up lock is queued: the request
+goes with the session. Before, the stale request stayed pending and, once it failed, took the
+gate's next (healthy) session down with it: a second outage logged, the sleeper role dropped
+again. Real PostgreSQL; the gate's backend is terminated by the server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from relay.loop.sleep import AdaptivePoll
+from relay.pg.queries import Queries, TableNames
+from relay.pg.wakeup import LockGate
+from relay.supervise import Backoff, Supervisor
+from tests.helpers import pg_fetchval, pg_session, wait_until
+
+Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
+WAITING_PID = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+
+
+async def test_gate_session_lost_while_queued__the_next_session_is_kept(db: str) -> None:
+    gate = LockGate(lambda: asyncpg.connect(db), Q, lambda: None,
+                    poll=AdaptivePoll(0.05, 1.0),
+                    supervisor=Supervisor("wakeup", backoff=Backoff(0.05, 0.1)))
+    woken = asyncio.Event()
+    try:
+        # A producer mid-transaction holds the wake-up lock shared: the gate's request for it
+        # in exclusive mode queues.
+        async with pg_session(db) as producer, producer.transaction():
+            await producer.execute(
+                "INSERT INTO queue_message (exchange, routing_key, content) "
+                "VALUES ('x', 'k', '{}')")
+            await gate.prepare_sleep(woken, found_rows=False)
+            assert gate.role == "sleeper"
+            pid = await pg_fetchval(db, WAITING_PID)
+            assert pid is not None, "the gate's lock request is not queued"
+            await pg_fetchval(db, "SELECT pg_terminate_backend($1)", pid)
+            await wait_until(lambda: gate.supervisor.state == "down", timeout_s=10,
+                             what="the gate to see its session end")
+
+        async def sleeps_holding_the_lock() -> bool:
+            await gate.prepare_sleep(woken, found_rows=False)
+            return gate.held
+
+        await wait_until(sleeps_holding_the_lock, timeout_s=10,
+                         what="the gate to take the wake-up lock on a new session")
+        for _ in range(5):  # the new session stays
+            await gate.mark_awake()
+            await gate.prepare_sleep(woken, found_rows=False)
+        assert gate.supervisor.state == "up"
+        assert gate.supervisor.outages == 1, gate.supervisor.snapshot()
+    finally:
+        await gate.close()
