@@ -25,7 +25,7 @@ from relay.lifecycle import Services
 from relay.loop.express import ExpressLane
 from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
-from relay.loop.sleep import AdaptivePoll, Doorbell
+from relay.loop.sleep import Doorbell
 from relay.loop.worker import Worker, WorkerConfig
 from relay.ops.http import Health, HttpServer
 from relay.ops.metrics import BacklogPoller, RelayMetrics
@@ -37,7 +37,7 @@ from relay.pg.listener import Listener
 from relay.pg.queries import Queries
 from relay.pg.status import StatusSource
 from relay.pg.store import Outbox
-from relay.pg.wakeup import LockGate
+from relay.pg.wakeup import WakeupLockSession
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings
 from relay.supervise import Backoff, Stopping, Supervisor, Supervisors
 from relay.tracing import Tracing
@@ -53,6 +53,7 @@ def worker_config(settings: Settings) -> WorkerConfig:
         # single-active promises one batch at a time, in seq order.
         concurrency=1 if settings.mode is RelayMode.SINGLE_ACTIVE else settings.concurrency,
         poll_interval_s=settings.poll_interval_s,
+        poll_min_interval_s=settings.poll_min_interval_s,
         publish_budget_s=Deadlines.from_settings(settings).publish_budget_s,
         retry=RetryPolicy(settings.max_attempts, settings.retry_base_s, settings.retry_max_s),
         db_retry_max_s=settings.reconnect_max_s,
@@ -199,18 +200,16 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
         services.hold(express[1])
     metrics = RelayMetrics() if settings.http_port else None
     doorbell = Doorbell()
-    gate = services.hold(LockGate(
+    lock = services.hold(WakeupLockSession(
         lambda: connect(settings, "wakeup"),
         Queries(table_names(settings)),
         doorbell.ring,
-        poll=AdaptivePoll(settings.poll_min_interval_s, settings.poll_interval_s),
-        # While the gate's session is down the relay polls every second: come back sooner
+        # While the lock's session is down the relay polls every second: come back sooner
         # than the other sessions' backoff would.
         supervisor=supervisors.add(
             "wakeup", backoff=Backoff(0.2, min(5.0, settings.reconnect_max_s))),
-        fallback_poll_s=min(1.0, settings.poll_interval_s),
     ))
-    worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, gate=gate,
+    worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, lock=lock,
                     doorbell=doorbell, db_supervisor=supervisors.get("database"),
                     tracing=tracing, express=express[0] if express is not None else None)
     listener = services.start(make_listener(settings, supervisors, doorbell.ring))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -177,6 +178,51 @@ class Store(Protocol):
 
     async def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest delayed row is due; None when there is none."""
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """What the wake-up lock session (relay/pg/wakeup.py) knows, for the sleeper to decide on
+    (relay/loop/sleep.py). Nothing here is a decision.
+
+    role: "sleeper" (this relay sleeps holding the lock), "waiter" (another relay does), None
+    (no session, or not decided yet). mode: the notify mode installed on the table, as the
+    sleeper last read it (None: unknown). held: the wake-up lock is held, so producers notify.
+    pending: the request for it is queued, not granted yet. checked: due_now and next_due_s
+    were read in a snapshot taken after the lock was granted (or tried).
+    """
+
+    role: str | None = None
+    mode: str | None = None
+    held: bool = False
+    pending: bool = False
+    checked: bool = False
+    due_now: bool = False
+    next_due_s: float | None = None
+
+
+class WakeupLock(Protocol):
+    """The database's side of the conditional wake-up (docs/notify.md): the lock and the check.
+    Every decision about sleeping is the sleeper's (relay/loop/sleep.py)."""
+
+    async def prepare(self, woken: asyncio.Event, *, queue: bool) -> LockState:
+        """As the table's sleeper: read the mode and take the lock, queueing for it (a slice
+        of waiting at a time; it stays queued across calls) or, with `queue` False, only if
+        no producer holds it; once held (or tried), read whether rows are due and when the
+        next delayed one is. Nothing while the lock is held or `woken` is set."""
+
+    def state(self) -> LockState:
+        """What is known now, without a statement."""
+
+    async def release(self) -> None:
+        """Release the lock if held (producers stop notifying), without waiting."""
+
+    async def step_down(self) -> None:
+        """This relay cannot publish now: end the session, so a replica that can takes the
+        sleeper role."""
+
+    async def close(self) -> None:
+        """Release everything (stop)."""
 
 
 # Batches of the express lane in flight at once (relay/loop/express.py): a batch waits for its

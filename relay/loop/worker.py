@@ -13,12 +13,20 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from relay.errors import DatabaseError
-from relay.interfaces import BatchObserver, ExpressStore, Kind, NoMetrics, Publisher, Store
+from relay.interfaces import (
+    BatchObserver,
+    ExpressStore,
+    Kind,
+    NoMetrics,
+    Publisher,
+    Store,
+    WakeupLock,
+)
 from relay.loop.batch import BatchPlan, BatchReport, run_batch
 from relay.loop.budget import LaneBytes
 from relay.loop.express import EXPRESS_ROWS, ExpressLane
 from relay.loop.retry import RetryPolicy
-from relay.loop.sleep import AlwaysNotified, Doorbell, WakeupGate, in_flow
+from relay.loop.sleep import Doorbell, Sleeper, SleepTimes
 from relay.supervise import Backoff, Supervisor
 from relay.tracing import NO_SWEEP, NoTracing, Tracing
 
@@ -32,6 +40,8 @@ class WorkerConfig:
     batch_size: int = 500
     concurrency: int = 3
     poll_interval_s: float = 5.0
+    poll_min_interval_s: float = 0.05  # `off` mode's shortest poll
+    fallback_poll_s: float = 1.0  # the poll while the wake-up lock's session is away
     publish_budget_s: float = 15.0  # relay/deadlines.py
     retry: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(max_attempts=10, base_s=1.0, max_s=300.0)
@@ -51,7 +61,7 @@ class Worker:
         config: WorkerConfig,
         *,
         metrics: BatchObserver | None = None,
-        gate: WakeupGate | None = None,
+        lock: WakeupLock | None = None,
         doorbell: Doorbell | None = None,
         db_supervisor: Supervisor | None = None,
         tracing: Tracing | None = None,
@@ -62,10 +72,14 @@ class Worker:
         self.publisher = publisher
         self.config = config
         self.metrics: BatchObserver = metrics or NoMetrics()
-        self.gate: WakeupGate = gate or AlwaysNotified()
         self.claimed_total = 0
-        self._claimed_at_sleep = 0
-        self._wake = (doorbell or Doorbell()).event
+        doorbell = doorbell or Doorbell()
+        self._wake = doorbell.event
+        # How the loop sleeps between sweeps, and with the wake-up lock (None: producers
+        # always notify): relay/loop/sleep.py.
+        self.sleeper = Sleeper(doorbell, lock, store.seconds_until_next_due, SleepTimes(
+            config.poll_interval_s, config.poll_min_interval_s,
+            min(config.fallback_poll_s, config.poll_interval_s)))
         self._stopping = asyncio.Event()
         # The pool's connection state (relay/app.py passes the one among the process's
         # supervisors, which /healthz shows).
@@ -75,9 +89,6 @@ class Worker:
         self._last_had_keys = False
         self._last_full_by_bytes = False
         self.last_loop_at = time.monotonic()
-        # From the end of one sweep to the start of the next (the flow rule, relay/loop/sleep.py).
-        self._swept_at = 0.0
-        self._gap_s = float("inf")
         self.tracing: Tracing = tracing or NoTracing()
         self._trace = NO_SWEEP  # the current wake-up's trace (relay/tracing)
         # Bytes per claim, shared by the lanes (they share the broker link) and kept across
@@ -102,45 +113,15 @@ class Worker:
         """Sweep at once, then drain on every wake-up until stop()."""
         self._wake.set()
         while not self.stopping:
-            await self._sleep()
+            await self.sleeper.sleep(self.claimed_total, self._sweep)
             self.last_loop_at = time.monotonic()
             self.metrics.loop_woke()
             if self.stopping:
                 break
             self._wake.clear()
-            self._gap_s = time.monotonic() - self._swept_at
+            self.sleeper.sweep_started()
             await self._sweep()
-            self._swept_at = time.monotonic()
-
-    async def _sleep(self) -> None:
-        """Wait for a wake-up, the poll interval or the next due row; the gate decides
-        whether producers notify meanwhile and whether to sleep at all (relay/pg/wakeup.py)."""
-        found = self.claimed_total - self._claimed_at_sleep
-        self._claimed_at_sleep = self.claimed_total
-        if (self._wake.is_set() or self.gate.keep_sweeping(found)
-                or in_flow(found, self._gap_s)):
-            await self.gate.mark_awake()
-            return
-        plan = await self.gate.prepare_sleep(self._wake, found > 0)
-        if plan.stay_awake:
-            # Producers that saw this relay awake skipped the NOTIFY; the gate waited until
-            # they all ended and saw rows due: drain them awake (lock released, so producers
-            # do not notify meanwhile), then come back here to check again.
-            await self.gate.mark_awake()
-            return
-        due_known, next_due_s = plan.due_known, plan.next_due_s
-        if plan.sweep:
-            # Rows are due but the last awake drain found none: one sweep holding the lock
-            # (no producer can skip the NOTIFY meanwhile), then sleep.
-            await self._sweep()
-            due_known = False  # the sweep may have rescheduled rows: read the due time again
-        timeout = await self._sleep_budget_s(due_known, next_due_s)
-        cap = self.gate.sleep_cap_s()
-        if cap is not None:
-            timeout = min(timeout, cap)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-        await self.gate.mark_awake()
+            self.sleeper.sweep_ended()
 
     async def _sweep(self) -> None:
         """Drain once; on a failure back off (the database Supervisor) and ask for another.
@@ -165,21 +146,6 @@ class Worker:
             self._trace = NO_SWEEP
         await db.pause()
         self._wake.set()
-
-    async def _sleep_budget_s(self, due_known: bool, next_due_s: float | None) -> float:
-        """Poll interval, or less when a delayed row falls due sooner; the store is asked
-        only when the gate did not read the due time."""
-        if self._wake.is_set():
-            return 0.0
-        due = next_due_s
-        if not due_known:
-            try:
-                due = await self.store.seconds_until_next_due()
-            except DatabaseError:
-                return self.config.poll_interval_s
-        if due is None:
-            return self.config.poll_interval_s
-        return min(self.config.poll_interval_s, due + 0.005)
 
     async def drain(self) -> None:
         """One batch; if it came back full, `concurrency` lanes until none finds a full batch
@@ -227,7 +193,7 @@ class Worker:
         while not self.stopping and not failed.is_set():
             if not self.publisher.ready:
                 # Hand the sleeper role to a replica that can publish meanwhile.
-                await self.gate.step_down()
+                await self.sleeper.step_down()
                 await self._wait_broker()
                 if self.stopping:
                     return

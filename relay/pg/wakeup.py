@@ -14,9 +14,13 @@ the same session). Every other replica sleeps on LISTEN alone: a producer either
 next sleep finds its row. So an idle replica that is not the sleeper runs no query but its
 periodic sweep.
 
+This module is the database's side only: the lock, the election and the check, reported as a
+`LockState` (relay/interfaces.py). Whether to sleep, for how long, and what to do with rows the
+check finds is the sleeper's decision (relay/loop/sleep.py).
+
 The session is supervised like every other connection the relay keeps (relay/supervise.py:
 one log line per outage, its state in /healthz as `wakeup`), but never waited on: while it is
-down the worker polls, and the gate tries again once the backoff delay has passed.
+down the worker polls, and the session is tried again once the backoff delay has passed.
 
 A dead relay cannot suppress notifications: both locks live in its database session, which
 ends with the process (or, for a host that vanished, when TCP keepalives give up on it).
@@ -38,7 +42,7 @@ import asyncpg
 import structlog
 
 from relay.errors import DatabaseError
-from relay.loop.sleep import AdaptivePoll, SleepPlan, keep_sweeping
+from relay.interfaces import LockState
 from relay.pg.connection import DB_ERRORS
 from relay.pg.election import SleeperElection
 from relay.pg.queries import Queries
@@ -50,10 +54,10 @@ _ACQUIRE_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, asyncio.Cancelle
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, *DB_ERRORS)
 
 
-class LockGate:
-    """The gate of a real relay: follows the table's installed notify mode and, as the
-    table's sleeper in conditional mode, holds the wake-up lock while asleep (see the module
-    docstring)."""
+class WakeupLockSession:
+    """The wake-up lock of a real relay on its own session (a `WakeupLock`): follows the
+    table's installed notify mode and, as the table's sleeper in conditional mode, holds the
+    lock while the relay sleeps (see the module docstring)."""
 
     def __init__(
         self,
@@ -61,9 +65,7 @@ class LockGate:
         queries: Queries,
         wake: Callable[[], None],
         *,
-        poll: AdaptivePoll,
         supervisor: Supervisor | None = None,
-        fallback_poll_s: float = 1.0,
         wait_slice_s: float = 0.01,
         long_wait_slice_s: float = 0.1,
         long_wait_after_s: float = 1.0,
@@ -71,15 +73,11 @@ class LockGate:
         self._connect = connect
         self._q = queries
         self._wake = wake
-        self._poll = poll
-        self.fallback_poll_s = fallback_poll_s
-        self._found_rows = False
-        self._drained_awake = False
         self.wait_slice_s = wait_slice_s
         self.long_wait_slice_s = long_wait_slice_s
         self.long_wait_after_s = long_wait_after_s
         self._acquire_started = 0.0
-        self.mode: str | None = None  # None: unknown (no gate connection, or not the sleeper)
+        self.mode: str | None = None  # None: unknown (no session, or not the sleeper)
         self.held = False
         self.election = SleeperElection(queries, on_elected=wake, on_wait_ended=self._reset)
         self._conn: asyncpg.Connection | None = None
@@ -95,34 +93,33 @@ class LockGate:
         """"sleeper", "waiter" or None (undecided, or no session)."""
         return self.election.role
 
-    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
-        """The common sleep policy."""
-        return keep_sweeping(rows_this_wakeup)
+    def state(self) -> LockState:
+        """What is known now, without a statement."""
+        return LockState(role=self.role, mode=self.mode, held=self.held,
+                         pending=self._acquire is not None)
 
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
-        """As the sleeper: read the mode, take the lock in conditional mode (giving up when
-        woken or after a short slice of waiting), then read whether rows are due and when the
-        next delayed one is. As a waiter: nothing (one statement when the role is undecided).
+    async def prepare(self, woken: asyncio.Event, *, queue: bool) -> LockState:
+        """As the sleeper: read the mode and take the lock in conditional mode (queueing for
+        it a slice at a time, or with `queue` False only trying), then read whether rows are
+        due and when the next delayed one is. As a waiter: nothing (one statement while the
+        role is undecided).
 
         The lock waits for producers that skipped the NOTIFY; some may have committed
         already while others are still open. So the wait is cut into slices (10 ms, 100 ms
         once it lasts over 1 s) and the worker sweeps between them: a committed row never
         waits for a slower neighbour. The request stays queued meanwhile (producers see a
-        waiter and notify), and the next prepare_sleep picks up where it left.
+        waiter and notify), and the next call picks up where it left.
         """
-        self._found_rows = found_rows
         if self.held or woken.is_set():
-            return SleepPlan()
+            return self.state()
         conn = await self._connection()
         if conn is None or not await self._decide_role(conn):
-            # A waiter (or no session): sleep on LISTEN; the sleeper minds delayed rows.
-            return SleepPlan(due_known=conn is not None)
-        if self._acquire is None and found_rows and self.mode == "conditional":
+            return self.state()
+        if self._acquire is None and not queue:
             return await self._try_lock(conn)
-        return await self._wait_lock(conn, woken, found_rows)
+        return await self._wait_lock(conn, woken)
 
-    async def _wait_lock(self, conn: asyncpg.Connection, woken: asyncio.Event,
-                         found_rows: bool) -> SleepPlan:
+    async def _wait_lock(self, conn: asyncpg.Connection, woken: asyncio.Event) -> LockState:
         """Queue for the lock (or go on waiting) for one slice; then check, once granted."""
         if self._acquire is None:
             self._acquire = asyncio.ensure_future(
@@ -141,7 +138,7 @@ class LockGate:
         finally:
             woke.cancel()
         if not self._acquire.done():
-            return SleepPlan(due_known=True)  # sweep_cap 0: the worker sweeps, then returns
+            return self.state()  # pending: the worker sweeps, then comes back
         task, self._acquire = self._acquire, None
         try:
             row = task.result()
@@ -150,51 +147,41 @@ class LockGate:
             # timeout; start again on a fresh session (the old one may hold the lock).
             log.info("wakeup_lock_wait_timeout")
             self._reset()
-            return SleepPlan()
+            return self.state()
         except _ACQUIRE_ERRORS as exc:
             self._lost(f"preparing to sleep failed: {exc}")
-            return SleepPlan()
+            return self.state()
         self.mode, self.held = str(row["mode"]), bool(row["locked"])
-        return await self._check(conn, found_rows)
+        return await self._check(conn)
 
-    async def _try_lock(self, conn: asyncpg.Connection) -> SleepPlan:
-        """After a drain that found rows: take the lock only if no producer holds it shared.
-
-        Producers are then likely mid-transaction, and a queued request would make every
-        producer that arrives meanwhile notify. So try without queueing: while producers keep
-        coming they keep the lock shared, the relay stays awake and sweeps again, and they
-        skip the NOTIFY; the first drain that finds nothing queues the request (above)."""
+    async def _try_lock(self, conn: asyncpg.Connection) -> LockState:
+        """Take the lock only if no producer holds it shared; the check follows only when it
+        was taken (or the mode needs no lock)."""
         try:
             row = await conn.fetchrow(self._q["wakeup_try_sleep"])
         except DB_ERRORS as exc:
             self._lost(f"preparing to sleep failed: {exc}")
-            return SleepPlan()
+            return self.state()
         assert row is not None
         self.mode, self.held = str(row["mode"]), bool(row["locked"])
         if self.mode == "conditional" and not self.held:
-            return SleepPlan(stay_awake=True, due_known=True)
-        return await self._check(conn, found_rows=True)
+            return self.state()
+        return await self._check(conn)
 
-    async def _check(self, conn: asyncpg.Connection, found_rows: bool) -> SleepPlan:
+    async def _check(self, conn: asyncpg.Connection) -> LockState:
         """Rows due now and the next due time, read right after the lock was granted."""
         try:
             # A new statement, so a snapshot taken after the lock was granted.
             check = await conn.fetchrow(self._q["wakeup_check"])
         except DB_ERRORS as exc:
             self._lost(f"preparing to sleep failed: {exc}")
-            return SleepPlan()
+            return self.state()
         assert check is not None
         self.supervisor.ok()  # the whole path works: the next failure backs off from the start
         next_due = check["next_due_s"]
-        due = self.held and bool(check["due_now"])
-        awake = due and (found_rows or not self._drained_awake)
-        self._drained_awake = awake
-        return SleepPlan(
-            stay_awake=awake,
-            sweep=due and not awake,
-            due_known=True,
-            next_due_s=None if next_due is None else max(float(next_due), 0.0),
-        )
+        return LockState(role=self.role, mode=self.mode, held=self.held, checked=True,
+                         due_now=bool(check["due_now"]),
+                         next_due_s=None if next_due is None else max(float(next_due), 0.0))
 
     async def _decide_role(self, conn: asyncpg.Connection) -> bool:
         """Whether this relay is the table's sleeper (relay/pg/election.py)."""
@@ -208,7 +195,7 @@ class LockGate:
             self.supervisor.ok()  # a waiter runs no other statement on this session
         return sleeper
 
-    async def mark_awake(self) -> None:
+    async def release(self) -> None:
         """Release the lock without waiting: holding it a little longer only costs a few
         NOTIFYs, while the worker's drain should not wait for a round trip."""
         if self.held:
@@ -220,26 +207,13 @@ class LockGate:
         so that the sleeper role goes to a replica that can. Producers then see that replica
         asleep and notify, instead of skipping the NOTIFY for a relay that cannot act on it
         (the other replicas would only have seen new rows at their poll interval). The next
-        prepare_sleep, once the broker is back, joins again."""
+        prepare(), once the broker is back, joins again."""
         if self._conn is None and not self.election.waiting:
             return
         was_sleeper = self.role == "sleeper"
         self._reset()
         if was_sleeper:
             log.info("wakeup_role_released", reason="broker connection down")
-
-    def sleep_cap_s(self) -> float | None:
-        """No sleep while the lock is pending (prepare_sleep waited a slice: sweep now);
-        adaptive polling in `off` mode; short polling while the sleeper has no session."""
-        if self._acquire is not None:
-            return 0.0
-        if self.role == "waiter":
-            return None
-        if self.mode == "off":
-            return self._poll.next_s(self._found_rows)
-        if self.mode is None:
-            return self.fallback_poll_s
-        return None
 
     async def close(self) -> None:
         """Drop the connection (which releases the locks) and forget pending requests."""

@@ -9,9 +9,8 @@ import asyncio
 
 import asyncpg
 
-from relay.loop.sleep import AdaptivePoll
 from relay.pg.queries import Queries, TableNames
-from relay.pg.wakeup import LockGate
+from relay.pg.wakeup import WakeupLockSession
 from relay.supervise import Backoff, Supervisor
 from tests.helpers import pg_fetchval, pg_session, wait_until
 
@@ -20,9 +19,8 @@ WAITING_PID = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT gran
 
 
 async def test_gate_session_lost_while_queued__the_next_session_is_kept(db: str) -> None:
-    gate = LockGate(lambda: asyncpg.connect(db), Q, lambda: None,
-                    poll=AdaptivePoll(0.05, 1.0),
-                    supervisor=Supervisor("wakeup", backoff=Backoff(0.05, 0.1)))
+    gate = WakeupLockSession(lambda: asyncpg.connect(db), Q, lambda: None,
+                             supervisor=Supervisor("wakeup", backoff=Backoff(0.05, 0.1)))
     woken = asyncio.Event()
     try:
         # A producer mid-transaction holds the wake-up lock shared: the gate's request for it
@@ -31,7 +29,7 @@ async def test_gate_session_lost_while_queued__the_next_session_is_kept(db: str)
             await producer.execute(
                 "INSERT INTO queue_message (exchange, routing_key, content) "
                 "VALUES ('x', 'k', '{}')")
-            await gate.prepare_sleep(woken, found_rows=False)
+            await gate.prepare(woken, queue=True)
             assert gate.role == "sleeper"
             pid = await pg_fetchval(db, WAITING_PID)
             assert pid is not None, "the gate's lock request is not queued"
@@ -40,14 +38,14 @@ async def test_gate_session_lost_while_queued__the_next_session_is_kept(db: str)
                              what="the gate to see its session end")
 
         async def sleeps_holding_the_lock() -> bool:
-            await gate.prepare_sleep(woken, found_rows=False)
+            await gate.prepare(woken, queue=True)
             return gate.held
 
         await wait_until(sleeps_holding_the_lock, timeout_s=10,
                          what="the gate to take the wake-up lock on a new session")
         for _ in range(5):  # the new session stays
-            await gate.mark_awake()
-            await gate.prepare_sleep(woken, found_rows=False)
+            await gate.release()
+            await gate.prepare(woken, queue=True)
         assert gate.supervisor.state == "up"
         assert gate.supervisor.outages == 1, gate.supervisor.snapshot()
     finally:

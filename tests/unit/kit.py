@@ -20,13 +20,13 @@ import pytest
 from relay.amqp.encoder import Encoder
 from relay.interfaces import (
     Fault,
+    LockState,
     Message,
     OutboxRow,
     PublishResult,
     Reason,
     Settlement,
 )
-from relay.loop.sleep import SleepPlan, keep_sweeping
 from relay.options import Properties
 
 
@@ -159,26 +159,25 @@ class FakePublisher:
         return result
 
 
-class FakeGate:
-    """A WakeupGate for worker tests: subclass it, define prepare_sleep (and mark_awake to
-    record the order of calls); `cap_s` caps each sleep (None: the worker's poll interval)."""
+class FakeLock:
+    """A WakeupLock for worker tests: subclass it, define prepare (and release to record the
+    order of calls). `current` is what state() reports: by default this relay is the sleeper
+    of a table in conditional mode, lock not held, so no sleep is capped (the poll interval
+    applies) and after a drain that found rows the sleeper only tries the lock (queue False)."""
 
-    cap_s: float | None = None
+    current: LockState = LockState(role="sleeper", mode="conditional")
 
-    async def prepare_sleep(self, woken: asyncio.Event, found_rows: bool) -> SleepPlan:
-        return SleepPlan(due_known=True)
+    async def prepare(self, woken: asyncio.Event, *, queue: bool) -> LockState:
+        return LockState(role="sleeper", mode="conditional", held=True, checked=True)
 
-    async def mark_awake(self) -> None:
+    def state(self) -> LockState:
+        return self.current
+
+    async def release(self) -> None:
         pass
 
     async def step_down(self) -> None:
         pass
-
-    def keep_sweeping(self, rows_this_wakeup: int) -> bool:
-        return keep_sweeping(rows_this_wakeup)
-
-    def sleep_cap_s(self) -> float | None:
-        return self.cap_s
 
     async def close(self) -> None:
         pass

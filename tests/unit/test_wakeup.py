@@ -1,4 +1,5 @@
-"""The pure parts of the wake-up: the adaptive poll of `off` mode, the default mode."""
+"""The pure parts of the wake-up: the adaptive poll of `off` mode, the default mode, the lock
+session's backoff."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from relay.loop.sleep import AdaptivePoll, AlwaysNotified
+from relay.loop.sleep import AdaptivePoll
 from relay.settings import NotifyMode, Settings
 
 
@@ -23,14 +24,6 @@ def test_adaptive_poll__doubles_up_to_poll_interval_while_sweeps_find_nothing() 
     assert intervals == sorted(intervals)
 
 
-async def test_always_notified_gate__never_asks_for_a_final_sweep_or_caps_the_sleep() -> None:
-    gate = AlwaysNotified()
-    plan = await gate.prepare_sleep(asyncio.Event(), found_rows=True)
-    assert not plan.sweep
-    assert not plan.due_known  # the worker reads the next due time itself
-    assert gate.sleep_cap_s() is None
-
-
 def test_settings__conditional_is_the_default_notify_mode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -38,13 +31,13 @@ def test_settings__conditional_is_the_default_notify_mode(
     assert Settings(_env_file=None).notify is NotifyMode.CONDITIONAL  # type: ignore[call-arg]
 
 
-async def test_lock_gate__a_failing_wakeup_path_backs_off_instead_of_reconnecting_in_a_loop(
+async def test_lock_session__a_failing_wakeup_path_backs_off_instead_of_reconnecting_in_a_loop(
 ) -> None:
     """A statement that fails in the wake-up path (it once did for available_at = infinity)
     dropped the session and reconnected at once, about 1,500 transactions a second."""
     from relay.errors import DatabaseUnavailable
     from relay.pg.queries import Queries, TableNames
-    from relay.pg.wakeup import LockGate
+    from relay.pg.wakeup import WakeupLockSession
 
     attempts = 0
 
@@ -53,12 +46,13 @@ async def test_lock_gate__a_failing_wakeup_path_backs_off_instead_of_reconnectin
         attempts += 1
         raise DatabaseUnavailable("refused")
 
-    gate = LockGate(connect, Queries(TableNames("public", "queue_message", "queue_message_notify")),  # type: ignore[arg-type]
-                    lambda: None, poll=AdaptivePoll(0.05, 1.0))
+    lock = WakeupLockSession(
+        connect, Queries(TableNames("public", "queue_message", "queue_message_notify")),  # type: ignore[arg-type]
+        lambda: None)
     loop = asyncio.get_running_loop()
     until = loop.time() + 1.0
     while loop.time() < until:
-        await gate.prepare_sleep(asyncio.Event(), found_rows=False)
+        await lock.prepare(asyncio.Event(), queue=True)
         await asyncio.sleep(0.001)
     # Delays of 0.1-0.2 s, then doubling: a handful of attempts in a second, not hundreds.
     assert 1 <= attempts <= 6, attempts
