@@ -21,6 +21,7 @@ from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.deadlines import Deadlines
 from relay.dsn import redact
 from relay.errors import BrokerRefusedAtStart, ConfigError, DatabaseUnavailable
+from relay.interfaces import EXPRESS_IN_FLIGHT, ClaimOptions
 from relay.lifecycle import Services
 from relay.loop.express import ExpressLane
 from relay.loop.leader import Leadership, run_when_leader
@@ -31,10 +32,11 @@ from relay.ops.http import Health, HttpServer
 from relay.ops.metrics import BacklogPoller, RelayMetrics
 from relay.ops.statuspage import StatusPage
 from relay.ops.stuck import waiting_tasks
-from relay.pg.connection import connect, table_names
+from relay.pg.config import DatabaseConfig
+from relay.pg.connection import connect
 from relay.pg.leaderlock import LeaderLock
 from relay.pg.listener import Listener
-from relay.pg.queries import Queries
+from relay.pg.queries import TableNames
 from relay.pg.status import StatusSource
 from relay.pg.store import Outbox
 from relay.pg.wakeup import WakeupLockSession
@@ -46,6 +48,41 @@ from relay.tracing import from_environment as tracing_from_environment
 log = structlog.get_logger("relay.app")
 
 
+def deadlines(settings: Settings) -> Deadlines:
+    """Every bound of a batch (relay/deadlines.py), from the settings they depend on."""
+    return Deadlines.derive(publish_budget_s=settings.publish_timeout_s,
+                            statement_timeout_s=settings.statement_timeout_s,
+                            poll_interval_s=settings.poll_interval_s)
+
+
+def database_config(settings: Settings) -> DatabaseConfig:
+    """What relay/pg needs of the settings (relay/pg/config.py): the one place it is read."""
+    # The pool: a connection per lane and per express batch in flight, one for the express
+    # lane's looks, one for the rest (status, due times).
+    express = EXPRESS_IN_FLIGHT + 1 if settings.express_lane else 0
+    return DatabaseConfig(
+        dsn=settings.pg_dsn,
+        names=TableNames(settings.table_schema, settings.table_name, settings.notify_channel),
+        table=settings.table,
+        deadlines=deadlines(settings),
+        lock_command_timeout_s=max(30.0, settings.publish_timeout_s * 2),
+        reconnect_max_s=settings.reconnect_max_s,
+        startup_timeout_s=settings.startup_timeout_s,
+        on_success=settings.on_success,
+        claim=ClaimOptions(
+            keys_per_batch=settings.ordering_keys_per_batch,
+            block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
+            fence=settings.mode is RelayMode.SINGLE_ACTIVE,
+            max_bytes=settings.batch_max_bytes,
+            max_message_bytes=settings.max_message_bytes,
+        ),
+        pool_size=settings.concurrency + express + 1,
+        # The single-active leader's lock session: a standby polls and a leader pings every
+        # poll interval, so ten intervals of silence (30 s at least) is a relay cut off.
+        leader_idle_session_ms=int(max(30.0, 10 * settings.leader_poll_interval_s) * 1000),
+    )
+
+
 def worker_config(settings: Settings) -> WorkerConfig:
     """The worker's knobs from the settings."""
     return WorkerConfig(
@@ -54,7 +91,7 @@ def worker_config(settings: Settings) -> WorkerConfig:
         concurrency=1 if settings.mode is RelayMode.SINGLE_ACTIVE else settings.concurrency,
         poll_interval_s=settings.poll_interval_s,
         poll_min_interval_s=settings.poll_min_interval_s,
-        publish_budget_s=Deadlines.from_settings(settings).publish_budget_s,
+        publish_budget_s=deadlines(settings).publish_budget_s,
         retry=RetryPolicy(settings.max_attempts, settings.retry_base_s, settings.retry_max_s),
         db_retry_max_s=settings.reconnect_max_s,
         ordering_block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
@@ -66,15 +103,14 @@ def _backoff(settings: Settings) -> Backoff:
     return Backoff(base_s=0.2, max_s=settings.reconnect_max_s)
 
 
-async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
+async def _worker_main(settings: Settings, db: DatabaseConfig, worker: Worker, outbox: Outbox,
                        supervisors: Supervisors) -> None:
     """The worker, behind the leader lock in single-active mode."""
     if settings.mode is not RelayMode.SINGLE_ACTIVE:
         await worker.run()
         return
-    queries = Queries(table_names(settings))
     leadership = Leadership(
-        LeaderLock(settings, queries),
+        LeaderLock(db),
         poll_interval_s=settings.leader_poll_interval_s,
         supervisor=supervisors.add("leader"),
     )
@@ -84,18 +120,18 @@ async def _worker_main(settings: Settings, worker: Worker, outbox: Outbox,
         await leadership.close()
 
 
-def make_listener(settings: Settings, supervisors: Supervisors,
+def make_listener(db: DatabaseConfig, supervisors: Supervisors,
                   wake: Callable[[], None]) -> Listener:
     """The LISTEN session. It is the one session that reconnects during a database outage
     whether or not the worker is busy, so it comes back within 5 s of the server and then
     ends the worker pool's backoff (which may have grown to `reconnect_max_s`)."""
     return Listener(
-        lambda: connect(settings, "listener"),
-        settings.notify_channel,
+        lambda: connect(db, "listener"),
+        db.names.channel,
         wake,
         supervisor=supervisors.add(
-            "listener", backoff=Backoff(0.2, min(5.0, settings.reconnect_max_s))),
-        ping_sql=Queries(table_names(settings))["ping"],
+            "listener", backoff=Backoff(0.2, min(5.0, db.reconnect_max_s))),
+        ping_sql=db.queries["ping"],
         on_up=supervisors.get("database").wake,
     )
 
@@ -106,7 +142,7 @@ def make_publisher(settings: Settings, supervisor: Supervisor, role: str = "") -
     kind = BulkPublisher if settings.publisher is PublisherKind.BULK else AmqpPublisher
     return kind(
         settings.amqp_url,
-        publish_timeout_s=Deadlines.from_settings(settings).publish_budget_s,
+        publish_timeout_s=deadlines(settings).publish_budget_s,
         reconnect_max_s=settings.reconnect_max_s,
         encoder=Encoder(mandatory=settings.mandatory,
                         max_message_bytes=settings.max_message_bytes),
@@ -116,11 +152,11 @@ def make_publisher(settings: Settings, supervisor: Supervisor, role: str = "") -
 
 
 async def _open_servers(
-    settings: Settings, supervisors: Supervisors
+    settings: Settings, db: DatabaseConfig, supervisors: Supervisors
 ) -> tuple[Outbox, Pipeline]:
     """The pool and the broker connection, each waited for up to the start-up bound."""
     database = supervisors.add("database", describe=redact(settings.pg_dsn), bounded=True)
-    outbox = await database.establish(lambda: Outbox.open(settings),
+    outbox = await database.establish(lambda: Outbox.open(db),
                                       retry_on=(DatabaseUnavailable,))
     broker = supervisors.add("broker", describe=redact(settings.amqp_url), bounded=True)
     publisher = make_publisher(settings, broker)
@@ -173,21 +209,22 @@ async def run(settings: Settings) -> None:
     try:
         # Before the servers: a tracing variable it cannot serve stops start-up at once.
         tracing = tracing_from_environment(os.environ, table=settings.table)
+        db = database_config(settings)
         try:
-            outbox, publisher = await _open_servers(settings, supervisors)
+            outbox, publisher = await _open_servers(settings, db, supervisors)
             express = await _open_express(settings, supervisors, outbox, publisher)
         except Stopping:
             log.info("relay_stopped", published=0)
             return
-        await _serve(settings, supervisors, outbox, publisher, stop_requested,
+        await _serve(settings, db, supervisors, outbox, publisher, stop_requested=stop_requested,
                      tracing=tracing, express=express)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
 
-async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
-                 publisher: Pipeline, stop_requested: asyncio.Event, *,
+async def _serve(settings: Settings, db: DatabaseConfig, supervisors: Supervisors,
+                 outbox: Outbox, publisher: Pipeline, *, stop_requested: asyncio.Event,
                  tracing: Tracing, express: tuple[ExpressLane, Pipeline] | None = None,
                  ) -> None:
     """Run the worker and the services around it over open servers until a stop is
@@ -201,8 +238,8 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
     metrics = RelayMetrics() if settings.http_port else None
     doorbell = Doorbell()
     lock = services.hold(WakeupLockSession(
-        lambda: connect(settings, "wakeup"),
-        Queries(table_names(settings)),
+        lambda: connect(db, "wakeup"),
+        db.queries,
         doorbell.ring,
         # While the lock's session is down the relay polls every second: come back sooner
         # than the other sessions' backoff would.
@@ -212,7 +249,7 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, lock=lock,
                     doorbell=doorbell, db_supervisor=supervisors.get("database"),
                     tracing=tracing, express=express[0] if express is not None else None)
-    listener = services.start(make_listener(settings, supervisors, doorbell.ring))
+    listener = services.start(make_listener(db, supervisors, doorbell.ring))
     log.info(
         "relay_started",
         table=settings.table,
@@ -223,13 +260,14 @@ async def _serve(settings: Settings, supervisors: Supervisors, outbox: Outbox,
         publisher=settings.publisher.value,
         mode=settings.mode.value,
     )
-    worker_task = asyncio.ensure_future(_worker_main(settings, worker, outbox, supervisors))
+    worker_task = asyncio.ensure_future(
+        _worker_main(settings, db, worker, outbox, supervisors))
     try:
         if metrics is not None:
             poller = services.start(
                 BacklogPoller(outbox.backlog, metrics, settings.backlog_poll_interval_s))
             services.hold(await start_http(
-                settings, metrics=metrics, poller=poller, worker=worker,
+                settings, db, metrics=metrics, poller=poller, worker=worker,
                 worker_task=worker_task, publisher=publisher, listener=listener,
                 supervisors=supervisors,
             ))
@@ -287,13 +325,9 @@ async def _stop_worker_when_asked(settings: Settings, worker: Worker,
         raise worker_task.exception()  # type: ignore[misc]
 
 
-def stall_after_s(settings: Settings) -> float:
-    """Seconds without loop activity after which /healthz fails (relay/deadlines.py)."""
-    return Deadlines.from_settings(settings).stall_after_s
-
-
 async def start_http(
     settings: Settings,
+    db: DatabaseConfig,
     *,
     metrics: RelayMetrics,
     poller: BacklogPoller,
@@ -323,20 +357,19 @@ async def start_http(
         broker_blocked=lambda: publisher.blocked,
         backlog=lambda: poller.snapshot,
         ready_max_lag_s=settings.ready_max_lag_s,
-        stall_after_s=stall_after_s(settings),
+        stall_after_s=db.deadlines.stall_after_s,
         backlog_stale_after_s=max(3 * settings.backlog_poll_interval_s, 30.0),
         connections=supervisors.snapshot,
     )
     http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
-                      status_page(settings, broker_node))
+                      status_page(db, broker_node))
     await http.start()
     return http
 
 
-def status_page(settings: Settings,
+def status_page(db: DatabaseConfig,
                 broker_node: Callable[[], tuple[str | None, int]] | None = None) -> StatusPage:
     """The read-only status page on the HTTP port (its own connection, opened on first view);
     `broker_node`: this relay's broker node and failovers, shown beside the table's figures."""
-    source = StatusSource(lambda: connect(settings, "status"), Queries(table_names(settings)),
-                          settings.table)
-    return StatusPage(source.document, settings.table, source.close, broker_node=broker_node)
+    source = StatusSource(lambda: connect(db, "status"), db.queries, db.table)
+    return StatusPage(source.document, db.table, source.close, broker_node=broker_node)

@@ -15,10 +15,6 @@ neither of the two timers runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from relay.settings import Settings
 
 # Beyond the publish budget, the transaction also idles while the event loop runs other lanes'
 # callbacks between the last confirm and the settle statement: a margin, never below this.
@@ -50,15 +46,6 @@ class Deadlines:
             idle_in_transaction_s=idle_s,
             transaction_s=batch_s + (idle_s - publish_budget_s),
             stall_after_s=max(STALL_FLOOR_S, 3 * poll_interval_s + batch_s),
-        )
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Deadlines:
-        """The bounds of a relay process."""
-        return cls.derive(
-            publish_budget_s=settings.publish_timeout_s,
-            statement_timeout_s=settings.statement_timeout_s,
-            poll_interval_s=settings.poll_interval_s,
         )
 
     @property

@@ -7,12 +7,16 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from relay.options import Properties
 
-if TYPE_CHECKING:
-    from relay.settings import Settings
+
+class OnSuccess(StrEnum):
+    """What happens to a row once the broker confirmed it (RELAY_ON_SUCCESS)."""
+
+    DELETE = "delete"
+    ARCHIVE = "archive"
 
 
 class OutboxRow(NamedTuple):
@@ -310,16 +314,3 @@ class ClaimOptions:
     max_bytes: int = 24 * 1024 * 1024  # content and options of one batch (RELAY_BATCH_MAX_BYTES)
     # Content over this stays in the database; the row comes with its size (RELAY_MAX_MESSAGE_BYTES)
     max_message_bytes: int = 16 * 1024 * 1024
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ClaimOptions:
-        """The claim options of a relay process."""
-        from relay.settings import OnDeadKey, RelayMode
-
-        return cls(
-            keys_per_batch=settings.ordering_keys_per_batch,
-            block_on_dead=settings.ordering_on_dead is OnDeadKey.BLOCK,
-            fence=settings.mode is RelayMode.SINGLE_ACTIVE,
-            max_bytes=settings.batch_max_bytes,
-            max_message_bytes=settings.max_message_bytes,
-        )

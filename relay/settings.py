@@ -10,15 +10,10 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from relay.interfaces import OnSuccess
+
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
-
-
-class OnSuccess(StrEnum):
-    """What happens to a row once the broker confirmed it."""
-
-    DELETE = "delete"
-    ARCHIVE = "archive"
 
 
 class PublisherKind(StrEnum):

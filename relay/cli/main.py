@@ -96,8 +96,11 @@ def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply the schema (or, with --check / --dry-run, only say what is pending)."""
-    from relay.pg.connection import session, table_names
+    from relay.app import database_config
+    from relay.pg.connection import session
     from relay.pg.migrate import migrate, plan
+
+    db = database_config(settings)
 
     # RELAY_NOTIFY given (environment, .env or secret file): install it; else keep the
     # installed mode, so a routine migrate on every deploy never changes it.
@@ -105,28 +108,28 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     if args.roles:  # bad role names stop it before anything is applied
         from relay.pg.roles import roles_sql
 
-        roles_sql(table_names(settings), args.producer_role, args.relay_role, args.spark_role)
+        roles_sql(db.names, args.producer_role, args.relay_role, args.spark_role)
 
     async def main() -> int:
-        async with session(settings, "migrate", wait=True) as conn:
-            todo = await plan(conn, table_names(settings), requested)
+        async with session(db, "migrate", wait=True) as conn:
+            todo = await plan(conn, db.names, requested)
             deadline = time.monotonic() + (args.wait_s if args.check else 0)
             while not todo.up_to_date and time.monotonic() < deadline:
                 # An init container waiting for the migrate Job of the same rollout.
                 await asyncio.sleep(min(2.0, deadline - time.monotonic()))
-                todo = await plan(conn, table_names(settings), requested)
+                todo = await plan(conn, db.names, requested)
             if args.check or args.dry_run:
                 print(f"{settings.table}: {todo.describe()}")
                 if args.dry_run and args.roles:
                     print(f"roles: would grant {args.producer_role}, {args.relay_role} and "
                           f"{args.spark_role}")
                 return EXIT_PENDING if args.check and not todo.up_to_date else EXIT_OK
-            applied = await migrate(conn, table_names(settings), requested,
+            applied = await migrate(conn, db.names, requested,
                                     lock_wait_s=args.lock_wait_s)
             if args.roles:
                 from relay.pg.roles import apply_roles
 
-                await apply_roles(conn, table_names(settings), args.producer_role,
+                await apply_roles(conn, db.names, args.producer_role,
                                   args.relay_role, args.spark_role)
         print(f"migrated {settings.table}: "
               + (", ".join(applied) if applied else "already up to date")
@@ -182,10 +185,11 @@ def with_dead_letters(
     work: Callable[[Any], Coroutine[Any, Any, int]],
 ) -> int:
     """Run `work(DeadLetters)` over one connection (dead letters and retention commands)."""
+    from relay.app import database_config
     from relay.pg.deadletters import open_dead_letters
 
     async def main() -> int:
-        async with open_dead_letters(settings) as dead:
+        async with open_dead_letters(database_config(settings)) as dead:
             return await work(dead)
 
     return _run_async(main)

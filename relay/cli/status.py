@@ -87,10 +87,11 @@ def make_status_command(
     """The handler of `relay status`."""
 
     def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+        from relay.app import database_config
         from relay.pg.status import open_status
 
         async def main() -> int:
-            async with open_status(settings) as reader:
+            async with open_status(database_config(settings)) as reader:
                 if args.watch:
                     await watch(reader, settings.table, interval_s=args.interval_s,
                                 count=args.count, tty=sys.stdout.isatty() and not args.json)

@@ -11,18 +11,17 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
 
 from relay import dsn
-from relay.deadlines import Deadlines
 from relay.dsn import redact
 from relay.errors import DatabaseError, DatabaseUnavailable
 from relay.pg import compat as pg_compat
-from relay.pg.queries import TableNames, raw_queries
-from relay.settings import Settings
+from relay.pg.config import DatabaseConfig
+from relay.pg.queries import raw_queries
 from relay.supervise import Backoff, Supervisor
 
 DB_ERRORS: tuple[type[BaseException], ...] = (
@@ -56,20 +55,15 @@ Conn = Any
 
 
 
-def table_names(settings: Settings) -> TableNames:
-    """The quoted names of the configured outbox table and its companions."""
-    return TableNames(settings.table_schema, settings.table_name, settings.notify_channel)
-
-
-def connect_args(settings: Settings, role: str) -> dict[str, Any]:
+def connect_args(db: DatabaseConfig, role: str) -> dict[str, Any]:
     """asyncpg.connect() arguments: DSN, application_name, keepalives, transaction bounds."""
     # One libpq parser (relay/dsn.py) for both DSN forms; PG* variables fill what is absent.
-    args: dict[str, Any] = dsn.parse(settings.pg_dsn).asyncpg_args() if settings.pg_dsn else {}
+    args: dict[str, Any] = dsn.parse(db.dsn).asyncpg_args() if db.dsn else {}
     from_dsn = args.pop("server_settings", {})
     app_name = f"outbox-relay {role} {socket.gethostname()} {os.getpid()}"[:63]
     # A relay cut off mid-batch must not hold its rows locked much longer than a batch may take;
     # a batch's publish always ends before this (relay/deadlines.py).
-    deadlines = Deadlines.from_settings(settings)
+    deadlines = db.deadlines
     args["server_settings"] = {
         **from_dsn,  # options=-c ... from the DSN; the relay names its sessions itself
         "application_name": app_name,
@@ -95,19 +89,19 @@ def connect_args(settings: Settings, role: str) -> dict[str, Any]:
         # The client gives up a little after the server would have cancelled the statement.
         args["command_timeout"] = deadlines.statement_timeout_s + 5
     else:
-        args["command_timeout"] = max(30.0, settings.publish_timeout_s * 2)
+        args["command_timeout"] = db.lock_command_timeout_s
     return args
 
 
-def session_args(settings: Settings, role: str) -> dict[str, Any]:
+def session_args(db: DatabaseConfig, role: str) -> dict[str, Any]:
     """connect_args() for a session the relay keeps: every host of a multi-host DSN is tried,
     and unless the DSN says otherwise only a writable server (the primary) is accepted."""
-    args = connect_args(settings, role)
+    args = connect_args(db, role)
     for key, convert in (("host", str), ("port", int)):
         value = args.get(key)
         if isinstance(value, str) and "," in value:  # libpq keyword form: host=h1,h2
             args[key] = [convert(v) for v in value.split(",")]
-    if ("target_session_attrs" not in args and "target_session_attrs" not in (settings.pg_dsn or "")
+    if ("target_session_attrs" not in args and "target_session_attrs" not in (db.dsn or "")
             and not os.environ.get("PGTARGETSESSIONATTRS")):
         args["target_session_attrs"] = "read-write"
     return args
@@ -157,31 +151,31 @@ async def bound_transactions(conn: Conn, transaction_ms: int) -> None:
         raise DatabaseUnavailable(f"setting transaction_timeout failed: {exc}") from exc
 
 
-def connect_failed(settings: Settings, exc: BaseException) -> DatabaseError:
-    where = redact(settings.pg_dsn)
+def connect_failed(db: DatabaseConfig, exc: BaseException) -> DatabaseError:
+    where = redact(db.dsn)
     kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
     return kind(f"cannot connect to PostgreSQL at {where}: {exc}")
 
 
 @contextlib.asynccontextmanager
-async def session(settings: Settings, role: str, *,
+async def session(db: DatabaseConfig, role: str, *,
                   wait: bool = False) -> AsyncIterator[asyncpg.Connection]:
     """A connection for one command (`relay status`, the dead-letter commands, migrate),
     closed at the end; `wait`: wait for a server that is not up yet (connect_when_up)."""
-    conn = await (connect_when_up(settings, role) if wait else connect(settings, role))
+    conn = await (connect_when_up(db, role) if wait else connect(db, role))
     try:
         yield conn
     finally:
         await close_quietly(conn)
 
 
-async def connect(settings: Settings, role: str) -> asyncpg.Connection:
+async def connect(db: DatabaseConfig, role: str) -> asyncpg.Connection:
     """One connection to a writable server, errors translated (DatabaseUnavailable: retry)."""
     try:
-        conn: asyncpg.Connection = await asyncpg.connect(**session_args(settings, role))
+        conn: asyncpg.Connection = await asyncpg.connect(**session_args(db, role))
     except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
-        raise connect_failed(settings, exc) from exc
-    tune_socket(conn, Deadlines.from_settings(settings).idle_in_transaction_ms)
+        raise connect_failed(db, exc) from exc
+    tune_socket(conn, db.deadlines.idle_in_transaction_ms)
     try:
         await require_read_write(conn)
     except DatabaseError:
@@ -204,6 +198,19 @@ def drop_if_stuck(conn: Conn, exc: BaseException) -> None:
             conn.terminate()
 
 
+@contextlib.contextmanager
+def translated(doing: str, conn: Conn | None = None) -> Iterator[None]:
+    """Driver errors inside the block become the relay's own: DatabaseError("<doing> failed:
+    ..."). With `conn`, the statement ran on that connection: one that may be stuck is
+    dropped first (drop_if_stuck)."""
+    try:
+        yield
+    except DB_ERRORS as exc:
+        if conn is not None:
+            drop_if_stuck(conn, exc)
+        raise DatabaseError(f"{doing} failed: {exc}") from exc
+
+
 def database_error(exc: BaseException, doing: str) -> DatabaseError:
     """A driver error as the relay's own: DatabaseUnavailable when no usable server answers
     (retried by the supervisors), DatabaseError otherwise."""
@@ -211,15 +218,15 @@ def database_error(exc: BaseException, doing: str) -> DatabaseError:
     return kind(f"{doing} failed: {exc}")
 
 
-async def connect_when_up(settings: Settings, role: str) -> asyncpg.Connection:
+async def connect_when_up(db: DatabaseConfig, role: str) -> asyncpg.Connection:
     """One session, waiting (bounded by RELAY_STARTUP_TIMEOUT_S) for a writable server.
 
     For one-shot commands such as `relay migrate`; raises `GaveUp` past the bound.
     """
-    sup = Supervisor(role, backoff=Backoff(base_s=0.2, max_s=settings.reconnect_max_s),
-                     give_up_after_s=settings.startup_timeout_s,
-                     describe=redact(settings.pg_dsn))
-    return await sup.establish(lambda: connect(settings, role), retry_on=(DatabaseUnavailable,))
+    sup = Supervisor(role, backoff=Backoff(base_s=0.2, max_s=db.reconnect_max_s),
+                     give_up_after_s=db.startup_timeout_s,
+                     describe=redact(db.dsn))
+    return await sup.establish(lambda: connect(db, role), retry_on=(DatabaseUnavailable,))
 
 
 async def close_quietly(conn: Any, timeout_s: float = 5.0) -> None:

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import asyncpg
 
 from relay.errors import DatabaseError, RelayError
-from relay.pg.connection import DB_ERRORS, session, table_names
+from relay.pg.config import DatabaseConfig
+from relay.pg.connection import DB_ERRORS, session
 from relay.pg.queries import Queries
-from relay.settings import Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -173,8 +173,8 @@ class DeadLetters:
 
 
 @contextlib.asynccontextmanager
-async def open_dead_letters(settings: Settings) -> AsyncIterator[DeadLetters]:
+async def open_dead_letters(db: DatabaseConfig) -> AsyncIterator[DeadLetters]:
     """The dead letters of the configured table over a session of their own (the dead-letter
     and retention commands)."""
-    async with session(settings, "cli") as conn:
-        yield DeadLetters(conn, Queries(table_names(settings)))
+    async with session(db, "cli") as conn:
+        yield DeadLetters(conn, db.queries)

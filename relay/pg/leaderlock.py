@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relay.pg.config import DatabaseConfig
 from relay.pg.connection import (
     DB_ERRORS,
     close_quietly,
@@ -12,16 +13,14 @@ from relay.pg.connection import (
     database_error,
     watch_session,
 )
-from relay.pg.queries import Queries
-from relay.settings import Settings
 
 
 class LeaderLock:
     """A session-level advisory lock on a dedicated connection, keyed on the table's oid."""
 
-    def __init__(self, settings: Settings, queries: Queries) -> None:
-        self._settings = settings
-        self._q = queries
+    def __init__(self, db: DatabaseConfig) -> None:
+        self._db = db
+        self._q = db.queries
         self._conn: Any = None
 
     async def try_acquire(self) -> bool:
@@ -29,7 +28,7 @@ class LeaderLock:
         holds it. DatabaseError (DatabaseUnavailable: retry) when the server does not answer."""
         try:
             if self._conn is None or self._conn.is_closed():
-                self._conn = await connect(self._settings, "leader")
+                self._conn = await connect(self._db, "leader")
                 await self._end_when_silent(self._conn)
             return bool(await self._conn.fetchval(self._q["leader_try_lock"]))
         except DB_ERRORS as exc:
@@ -43,8 +42,7 @@ class LeaderLock:
         connection open, where keepalives never reach the relay's host; the server keeps its
         lock for as long as the session lives. idle_session_timeout: PostgreSQL 14 and newer."""
         if conn.get_server_version() >= (14,):
-            ms = int(max(30.0, 10 * self._settings.leader_poll_interval_s) * 1000)
-            await conn.execute(f"SET idle_session_timeout = {ms}")
+            await conn.execute(f"SET idle_session_timeout = {int(self._db.leader_idle_session_ms)}")
 
     async def wait_lost(self, interval_s: float) -> str:
         """Return once the lock's session is gone (and with it the lock): why."""

@@ -14,10 +14,10 @@ import structlog
 
 from relay.backoff import jittered_delay_s
 from relay.errors import DatabaseError, SchemaError
-from relay.pg.connection import DB_ERRORS, session, table_names
+from relay.pg.config import DatabaseConfig
+from relay.pg.connection import DB_ERRORS, session, translated
 from relay.pg.queries import Queries
 from relay.pg.schema import require_current
-from relay.settings import Settings
 
 log = structlog.get_logger("relay.pg.status")
 
@@ -45,6 +45,20 @@ def rates(before: Sample | None, now: Sample) -> dict[str, float | None]:
             "eta_s": None if eta is None else round(eta, 1)}
 
 
+async def backlog_figures(conn: Any, q: Queries) -> dict[str, Any]:
+    """The backlog's counts and ages, dead letters and the table's health: the figures that
+    `relay status`, the status page and the metrics all show, read one way. `conn`: a
+    connection or a pool. Driver errors are the caller's."""
+    backlog = await conn.fetchrow(q["backlog"])
+    dead = await conn.fetchval(q["dead_count"])
+    health = await conn.fetchrow(q["table_health"])
+    figures: dict[str, Any] = dict(backlog) if backlog else {}
+    figures["dead"] = int(dead)
+    figures["dead_tuples"] = health["n_dead_tup"] if health else None
+    figures["last_vacuum_age_s"] = health["vacuum_age_s"] if health else None
+    return figures
+
+
 class StatusReader:
     """Reads samples over one connection (a pooled one or a plain one)."""
 
@@ -55,37 +69,28 @@ class StatusReader:
     async def sample(self) -> Sample:
         """Backlog, dead letters by reason, table health, traffic counters, relays, notify."""
         q, conn = self.q, self._conn
-        try:
-            backlog = await conn.fetchrow(q["backlog"])
+        with translated("reading the status"):
+            figures = await backlog_figures(conn, q)
             traffic = await conn.fetchrow(q["table_traffic"])
-            health = await conn.fetchrow(q["table_health"])
             reasons = await conn.fetch(q["dead_by_reason"])
             relays = await conn.fetchval(q["relay_sessions"])
-            dead = await conn.fetchval(q["dead_count"])
             notify = await conn.fetchval(q["notify_mode"])
-        except DB_ERRORS as exc:
-            raise DatabaseError(f"reading the status failed: {exc}") from exc
-        figures: dict[str, Any] = dict(backlog) if backlog else {}
         figures.update(dict(traffic) if traffic else {"inserted_total": 0, "removed_total": 0})
         by_reason = {r["reason"]: int(r["n"]) for r in reasons}
-        figures["dead"] = int(dead)
-        figures["dead_tuples"] = health["n_dead_tup"] if health else None
-        figures["last_vacuum_age_s"] = health["vacuum_age_s"] if health else None
         figures["relays"] = int(relays)
         figures["notify_mode"] = notify
         return Sample(time.monotonic(), figures, by_reason)
 
 
 @contextlib.asynccontextmanager
-async def open_status(settings: Settings) -> AsyncIterator[StatusReader]:
+async def open_status(db: DatabaseConfig) -> AsyncIterator[StatusReader]:
     """A reader of the table's status over a session of its own (`relay status`); the table
     must exist and its schema be current."""
-    async with session(settings, "status") as conn:
-        q = Queries(table_names(settings))
+    async with session(db, "status") as conn:
+        q = db.queries
         if not await conn.fetchval(q["table_exists"]):
-            raise SchemaError(f"table {settings.table} does not exist: run `relay migrate` "
-                              "first")
-        await require_current(conn, q, settings.table)
+            raise SchemaError(f"table {db.table} does not exist: run `relay migrate` first")
+        await require_current(conn, q, db.table)
         yield StatusReader(conn, q)
 
 

@@ -14,25 +14,24 @@ from typing import Any
 
 import asyncpg
 
-from relay.deadlines import Deadlines
 from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
-from relay.interfaces import EXPRESS_IN_FLIGHT, ClaimOptions, OutboxRow, Settlement
+from relay.interfaces import ClaimOptions, OnSuccess, OutboxRow, Settlement
+from relay.pg.config import DatabaseConfig
 from relay.pg.connection import (
     DB_ERRORS,
     UNAVAILABLE_ERRORS,
     Conn,
     bound_transactions,
     connect_failed,
-    drop_if_stuck,
     require_read_write,
     session_args,
-    table_names,
+    translated,
     tune_socket,
 )
 from relay.pg.queries import Queries
 from relay.pg.schema import require_current
 from relay.pg.seqfloor import SWEEP, SeqFloor
-from relay.settings import OnSuccess, Settings
+from relay.pg.status import backlog_figures
 
 
 async def _rollback_quietly(conn: Conn) -> None:
@@ -73,15 +72,12 @@ class _Claim:
 
     async def commit(self) -> None:
         """Commit the transaction: every settled fate becomes durable here."""
-        try:
+        with translated("commit", self._conn):
             if self._delete_at_commit:
                 await self._conn.execute(self._q["delete_published_and_commit"].replace(
                     "{ids}", _uuid_array_literal(self._delete_at_commit)))
             else:
                 await self._conn.execute("COMMIT")
-        except DB_ERRORS as exc:
-            drop_if_stuck(self._conn, exc)
-            raise DatabaseError(f"commit failed: {exc}") from exc
         self.committed = True
 
     async def settle(self, settlement: Settlement) -> None:
@@ -91,7 +87,7 @@ class _Claim:
                 and not settlement.dead):
             self._delete_at_commit = list(settlement.published)
             return
-        try:
+        with translated("settling a batch", self._conn):
             if settlement.published:
                 archive = self._on_success is OnSuccess.ARCHIVE
                 name = "archive_published" if archive else "delete_published"
@@ -103,9 +99,6 @@ class _Claim:
             if settlement.dead:
                 ids, reasons, counted = zip(*settlement.dead, strict=True)
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
-        except DB_ERRORS as exc:
-            drop_if_stuck(self._conn, exc)
-            raise DatabaseError(f"settling a batch failed: {exc}") from exc
 
 
 def _uuid_array_literal(ids: Sequence[str]) -> str:
@@ -222,15 +215,13 @@ class Outbox:
         self._prepared: set[tuple[int, int, bool]] = set()
 
     @classmethod
-    async def open(cls, settings: Settings, *, size: int | None = None) -> Outbox:
-        """Open the pool (fails fast with DatabaseError) and check the table is migrated."""
-        # A connection per lane and per express batch in flight, one for the express lane's
-        # looks, one for the rest (status, due times).
-        express = EXPRESS_IN_FLIGHT + 1 if settings.express_lane else 0
-        n = size or settings.concurrency + express + 1
+    async def open(cls, db: DatabaseConfig, *, size: int | None = None) -> Outbox:
+        """Open the pool of `db.pool_size` connections, or `size` (fails fast with
+        DatabaseError), and check the table is migrated."""
+        n = size or db.pool_size
         try:
             # init: a pooled connection that lands on a standby is closed, never used to claim.
-            deadlines = Deadlines.from_settings(settings)
+            deadlines = db.deadlines
 
             async def init(conn: Conn) -> None:
                 tune_socket(conn, deadlines.idle_in_transaction_ms)
@@ -239,18 +230,17 @@ class Outbox:
 
             pool = await asyncpg.create_pool(
                 min_size=1, max_size=n, init=init, reset=_keep_session,
-                **session_args(settings, "worker"),
+                **session_args(db, "worker"),
             )
         except (*DB_ERRORS, *UNAVAILABLE_ERRORS) as exc:
-            raise connect_failed(settings, exc) from exc
+            raise connect_failed(db, exc) from exc
         assert pool is not None
-        outbox = cls(pool, Queries(table_names(settings)), settings.on_success,
-                     ClaimOptions.from_settings(settings))
+        outbox = cls(pool, db.queries, db.on_success, db.claim)
         try:
             exists = await pool.fetchval(outbox.q["table_exists"])
             if exists:
                 async with pool.acquire() as conn:
-                    await require_current(conn, outbox.q, settings.table)
+                    await require_current(conn, outbox.q, db.table)
         except DB_ERRORS as exc:
             await pool.close()
             kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
@@ -260,7 +250,7 @@ class Outbox:
             raise
         if not exists:
             await pool.close()
-            raise SchemaError(f"table {settings.table} does not exist: run `relay migrate` first")
+            raise SchemaError(f"table {db.table} does not exist: run `relay migrate` first")
         return outbox
 
     async def close(self) -> None:
@@ -282,10 +272,8 @@ class Outbox:
 
     async def newest_transaction(self) -> int | None:
         """The newest transaction that has unkeyed rows in the outbox (None: none)."""
-        try:
+        with translated("reading the newest transaction"):
             value = await self._pool.fetchval(self.q["newest_transaction"])
-        except DB_ERRORS as exc:
-            raise DatabaseError(f"reading the newest transaction failed: {exc}") from exc
         return None if value is None else int(value)
 
     @asynccontextmanager
@@ -294,28 +282,24 @@ class Outbox:
         """Lock up to `limit` due rows in a transaction; it rolls back unless committed.
         `express`: the fair round alone, of transactions newer than `after` (the express
         lane); `max_bytes`: a lane's smaller byte budget (relay/loop/budget.py)."""
-        try:
+        with translated("taking a database connection"):
             conn = await self._pool.acquire()
-        except DB_ERRORS as exc:
-            raise DatabaseError(f"no database connection: {exc}") from exc
         try:
-            try:
-                await self._prepare(conn, express)
-                await conn.execute("BEGIN")
-                if not express:
-                    self._claims += 1
-                opts = self.claim_options
-                if max_bytes is not None and max_bytes < opts.max_bytes:
-                    opts = replace(opts, max_bytes=max_bytes)
-                records, full_by_bytes = await claim_records(
-                    conn, self.q, opts, limit, self._claims % 2 == 0,
-                    floor=self.floor, express=express, after=after, upto=self.fair_upto,
-                    keys=self._fair_keys)
-            except asyncpg.UndefinedTableError as exc:
-                raise SchemaError() from exc
-            except DB_ERRORS as exc:
-                drop_if_stuck(conn, exc)
-                raise DatabaseError(f"claiming rows failed: {exc}") from exc
+            with translated("claiming rows", conn):
+                try:
+                    await self._prepare(conn, express)
+                    await conn.execute("BEGIN")
+                    if not express:
+                        self._claims += 1
+                    opts = self.claim_options
+                    if max_bytes is not None and max_bytes < opts.max_bytes:
+                        opts = replace(opts, max_bytes=max_bytes)
+                    records, full_by_bytes = await claim_records(
+                        conn, self.q, opts, limit, self._claims % 2 == 0,
+                        floor=self.floor, express=express, after=after, upto=self.fair_upto,
+                        keys=self._fair_keys)
+                except asyncpg.UndefinedTableError as exc:
+                    raise SchemaError() from exc
             batch = _Claim(conn, self.q, records, self._on_success)
             batch.full_by_bytes = full_by_bytes
             try:
@@ -365,36 +349,23 @@ class Outbox:
 
     async def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest delayed row becomes due; None when no row waits."""
-        try:
+        with translated("reading the next due time"):
             value = await self._pool.fetchval(self.q["seconds_until_next_due"])
-        except DB_ERRORS as exc:
-            raise DatabaseError(f"reading the next due time failed: {exc}") from exc
         return None if value is None else max(float(value), 0.0)
 
     async def backlog(self) -> dict[str, Any]:
-        """Counts and ages for `relay status` and metrics."""
-        try:
-            row = await self._pool.fetchrow(self.q["backlog"])
-            dead = await self._pool.fetchval(self.q["dead_count"])
-            health = await self._pool.fetchrow(self.q["table_health"])
+        """The backlog figures (relay/pg/status.py: backlog_figures) for the metrics and
+        /readyz, and the sessions holding a relay role's lock that are not relays."""
+        with translated("reading the backlog"):
+            out = await backlog_figures(self._pool, self.q)
             strangers = await self._pool.fetch(self.q["lock_strangers"])
-        except DB_ERRORS as exc:
-            raise DatabaseError(f"reading the backlog failed: {exc}") from exc
-        assert row is not None
-        out = dict(row)
-        # Sessions holding a relay role's lock that are not relays (query lock_strangers).
         out["lock_strangers"] = [dict(r) for r in strangers]
-        out["dead"] = dead
-        out["dead_tuples"] = health["n_dead_tup"] if health else None
-        out["last_vacuum_age_s"] = health["vacuum_age_s"] if health else None
         return out
 
     async def relay_sessions(self) -> int:
         """How many relay processes hold a LISTEN session on this database right now."""
-        try:
+        with translated("reading relay sessions"):
             return int(await self._pool.fetchval(self.q["relay_sessions"]))
-        except DB_ERRORS as exc:
-            raise DatabaseError(f"reading relay sessions failed: {exc}") from exc
 
 
 class ExpressOutbox:

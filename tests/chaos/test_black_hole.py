@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.app import database_config
 from relay.pg.connection import connect_args
 from relay.settings import Settings
 from tests.chaos.flow import chaos_flow
@@ -147,8 +148,8 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
     (a timed-out session is now terminated at once)."""
     proxy = await proxy_for(env.pg_dsn)
     publish_timeout_s = 2.0
-    args = connect_args(Settings(pg_dsn=env.pg_dsn, publish_timeout_s=publish_timeout_s),
-                        "worker")
+    settings = Settings(pg_dsn=env.pg_dsn, publish_timeout_s=publish_timeout_s)
+    args = connect_args(database_config(settings), "worker")
     idle_s = int(args["server_settings"]["idle_in_transaction_session_timeout"]) / 1000
     command_s = float(args["command_timeout"])
     async with _flow(env, tmp_path, pg_dsn=via_proxy(env.pg_dsn, proxy.port),

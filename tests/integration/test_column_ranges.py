@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+from relay.app import database_config
 from relay.supervise import DOWN_EVENTS as CONNECTION_DOWN_EVENTS
 from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_fetch, pg_fetchval, wait_until
 
@@ -97,7 +98,7 @@ async def test_infinite_created_at__delivered_and_status_still_reports(
     from relay.pg.store import Outbox
     from relay.settings import Settings
 
-    outbox = await Outbox.open(Settings(pg_dsn=env.pg_dsn, amqp_url=env.amqp_url))
+    outbox = await Outbox.open(database_config(Settings(pg_dsn=env.pg_dsn, amqp_url=env.amqp_url)))
     try:
         backlog = await outbox.backlog()
     finally:

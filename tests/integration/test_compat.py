@@ -11,6 +11,7 @@ import pytest
 
 from relay.amqp import compat
 from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
+from relay.app import database_config, deadlines
 from relay.errors import BrokerError
 from relay.interfaces import Message
 from relay.options import Properties
@@ -68,7 +69,6 @@ async def test_pg_socket__found_and_tuned_on_relay_sessions(env: Env) -> None:
     TCP_USER_TIMEOUT (a silent cut is noticed by the kernel, not after statement timeouts)."""
     import socket
 
-    from relay.deadlines import Deadlines
     from relay.pg import compat as pg_compat
     from relay.pg.connection import connect
     from relay.pg.store import Outbox
@@ -77,9 +77,9 @@ async def test_pg_socket__found_and_tuned_on_relay_sessions(env: Env) -> None:
     settings = Settings(pg_dsn=env.pg_dsn.replace("localhost", "127.0.0.1"),
                         amqp_url=env.amqp_url)
     conn = await connect(settings, "listener")
-    outbox = await Outbox.open(settings)
+    outbox = await Outbox.open(database_config(settings))
     try:
-        want = Deadlines.from_settings(settings).idle_in_transaction_ms
+        want = deadlines(settings).idle_in_transaction_ms
         async with outbox._pool.acquire() as pooled:
             socks = [pg_compat.socket_of(conn), pg_compat.socket_of(pooled)]
             for sock in socks:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from relay.app import make_listener
+from relay.app import database_config, make_listener
 from relay.settings import Settings
 from relay.supervise import Backoff, Supervisors
 from tests.chaos.harness import proxy_for, via_proxy
@@ -22,7 +22,7 @@ async def test_listener_back__ends_the_worker_pools_backoff_at_once(db: str) -> 
     supervisors = Supervisors(backoff=Backoff(base_s=60, max_s=60))
     database = supervisors.add("database")
     database.ok()
-    listener = make_listener(settings, supervisors, lambda: None)
+    listener = make_listener(database_config(settings), supervisors, lambda: None)
     listening = asyncio.ensure_future(listener.run())
     try:
         await wait_until(lambda: listener.connected, timeout_s=10, what="LISTEN session up")

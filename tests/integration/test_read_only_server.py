@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from relay.app import database_config
 from relay.errors import DatabaseUnavailable
 from relay.pg.connection import connect
 from relay.pg.store import Outbox
@@ -31,7 +32,7 @@ async def test_connect__refuses_a_read_only_server(db: str) -> None:
     with pytest.raises(DatabaseUnavailable, match="read-only"):
         await connect(settings, "listener")
     with pytest.raises(DatabaseUnavailable, match="read-only"):
-        await Outbox.open(settings)
+        await Outbox.open(database_config(settings))
 
 
 async def test_run__waits_while_the_server_is_read_only_then_delivers(

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from relay.app import make_publisher, worker_config
+from relay.app import database_config, make_publisher, worker_config
 from relay.loop.worker import Worker
 from relay.pg.store import Outbox
 from relay.settings import Settings
@@ -63,7 +63,7 @@ async def _drain_in_process(env: Env, tracing: OtelTracing, consumer: Consumer) 
     """A worker in this process (the relay's own store, publisher and loop) until the rows
     are out and the table is empty."""
     settings = Settings(pg_dsn=env.pg_dsn, amqp_url=env.amqp_url, poll_interval_s=0.2)
-    outbox = await Outbox.open(settings)
+    outbox = await Outbox.open(database_config(settings))
     publisher = make_publisher(settings, Supervisor("broker"))
     await publisher.connect()
     worker = Worker(outbox, publisher, worker_config(settings), tracing=tracing)

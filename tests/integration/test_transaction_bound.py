@@ -13,7 +13,7 @@ import time
 import asyncpg
 import pytest
 
-from relay.deadlines import Deadlines
+from relay.app import database_config, deadlines
 from relay.pg.store import Outbox
 from relay.settings import Settings
 from tests.chaos.pgcluster import pg18_bin_dir
@@ -35,9 +35,9 @@ async def test_worker_session_on_pg18__a_transaction_past_the_batchs_longest_pat
     db18: str,
 ) -> None:
     settings = Settings(pg_dsn=db18, **FAST)
-    bound_s = Deadlines.from_settings(settings).transaction_s
+    bound_s = deadlines(settings).transaction_s
     assert bound_s == 10.0
-    outbox = await Outbox.open(settings)
+    outbox = await Outbox.open(database_config(settings))
     try:
         async with outbox._pool.acquire() as conn:
             assert await conn.fetchval("SHOW transaction_timeout") == "10s"
@@ -51,7 +51,7 @@ async def test_worker_session_on_pg18__a_transaction_past_the_batchs_longest_pat
 
 
 async def test_worker_session_on_pg15__starts_without_the_setting(db: str) -> None:
-    outbox = await Outbox.open(Settings(pg_dsn=db, **FAST))
+    outbox = await Outbox.open(database_config(Settings(pg_dsn=db, **FAST)))
     try:
         async with outbox._pool.acquire() as conn:
             assert conn.get_server_version().major < 17

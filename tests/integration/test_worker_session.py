@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import asyncpg
 
+from relay.app import database_config
 from relay.interfaces import Settlement
 from relay.pg.connection import connect
 from relay.pg.store import Outbox
@@ -18,7 +19,7 @@ from tests.helpers import insert_rows, wait_until
 
 
 async def _worker_setting(dsn: str, name: str) -> str:
-    outbox = await Outbox.open(Settings(pg_dsn=dsn))
+    outbox = await Outbox.open(database_config(Settings(pg_dsn=dsn)))
     try:
         async with outbox._pool.acquire() as conn:
             return str(await conn.fetchval(f"SHOW {name}"))
@@ -29,7 +30,7 @@ async def _worker_setting(dsn: str, name: str) -> str:
 async def test_worker_sessions__commit_without_waiting_for_the_flush(db: str) -> None:
     assert await _worker_setting(db, "synchronous_commit") == "off"
     # Sessions that only wait on locks or LISTEN keep the server's default.
-    listener = await connect(Settings(pg_dsn=db), "listener")
+    listener = await connect(database_config(Settings(pg_dsn=db)), "listener")
     try:
         assert await listener.fetchval("SHOW synchronous_commit") == "on"
     finally:
@@ -48,7 +49,7 @@ async def test_claims__every_statement_of_the_transaction_is_prepared_before_it_
     """A statement asyncpg prepares inside the claim's transaction leaves the server waiting
     with no timer running (`active`, ClientRead) while its answer travels: a link cut then
     kept the rows locked. The first claim of a connection prepares them before BEGIN."""
-    outbox = await Outbox.open(Settings(pg_dsn=db))
+    outbox = await Outbox.open(database_config(Settings(pg_dsn=db)))
     try:
         async with outbox.claim(10) as batch:
             conn = batch._conn
@@ -80,7 +81,7 @@ async def test_parking__one_notification_per_settle_with_the_count_and_none_when
     heard: list[str] = []
     listener = await asyncpg.connect(db)
     await listener.add_listener("queue_message_dead", lambda *args: heard.append(args[3]))
-    outbox = await Outbox.open(Settings(pg_dsn=db))
+    outbox = await Outbox.open(database_config(Settings(pg_dsn=db)))
     try:
         async with outbox.claim(10) as batch:
             ids = [r.id for r in batch.rows]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relay.amqp.nodes import Nodes, split_urls
+from relay.app import database_config, deadlines
 from relay.deadlines import Deadlines
 from relay.dsn import redact
 from relay.pg.connection import connect_args
@@ -27,14 +28,15 @@ def test_derive__the_publish_budget_ends_before_idle_in_transaction_frees_the_lo
 def test_connect_args__the_worker_sessions_carry_the_derived_server_limits() -> None:
     settings = Settings(pg_dsn="postgresql://u@h/db", publish_timeout_s=20,
                         shutdown_timeout_s=30, statement_timeout_s=12)
-    d = Deadlines.from_settings(settings)
-    args = connect_args(settings, "worker")
+    d = deadlines(settings)
+    args = connect_args(database_config(settings), "worker")
     assert args["server_settings"]["idle_in_transaction_session_timeout"] == str(
         d.idle_in_transaction_ms)
     assert args["server_settings"]["statement_timeout"] == "12000"
     assert args["command_timeout"] > 12
     # sessions that wait on locks or migrate carry no statement timeout
-    assert "statement_timeout" not in connect_args(settings, "wakeup")["server_settings"]
+    wakeup = connect_args(database_config(settings), "wakeup")
+    assert "statement_timeout" not in wakeup["server_settings"]
 
 
 def test_settings__a_stop_shorter_than_a_publish_is_refused_naming_the_setting() -> None:

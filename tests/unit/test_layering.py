@@ -105,3 +105,21 @@ def test_cli__commands_open_the_database_through_pg_never_a_connection_of_their_
               for name in _imports(path)
               if name in ("relay.pg.connection.connect", "relay.pg.connection.connect_when_up")]
     assert opened == []
+
+
+# The doors: where the settings are read and turned into the small typed configs the rest take
+# (relay/pg/config.py's DatabaseConfig, the worker's WorkerConfig, ...). relay/config.py checks
+# the environment itself; relay/spark/config.py is the Spark writer's own door.
+SETTINGS_DOORS = ("app.py", "cli/", "config.py", "spark/config.py")
+
+
+def test_only_the_doors_read_the_settings() -> None:
+    readers = []
+    for _, path in _modules():
+        rel = path.relative_to(RELAY).as_posix()
+        if rel == "settings.py" or any(
+                rel == d or (d.endswith("/") and rel.startswith(d)) for d in SETTINGS_DOORS):
+            continue
+        if "relay.settings.Settings" in _imports(path):
+            readers.append(rel)
+    assert readers == []

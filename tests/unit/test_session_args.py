@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from relay.app import database_config
 from relay.pg.connection import session_args
 from relay.settings import Settings
 
 
 def _args(dsn: str) -> dict[str, object]:
-    return session_args(Settings(pg_dsn=dsn), "worker")
+    return session_args(database_config(Settings(pg_dsn=dsn)), "worker")
 
 
 def test_session_args__keyword_host_and_port_lists_become_lists() -> None:
