@@ -1,9 +1,11 @@
-"""The one in-memory store, publisher and wake-up gate base the unit tests drive the loop
+"""The one in-memory store, publisher and wake-up lock base the unit tests drive the loop
 with (no servers).
 
 FakeStore keeps rows in a list, locks what a claim takes, and applies a settlement only when
-the claim commits (a claim left without commit() rolls back, as in PostgreSQL). FakePublisher
-builds rows with the relay's real encoder (pure code) and settles each message as scripted.
+the claim commits (a claim left without commit() rolls back, as in PostgreSQL);
+tests/integration/test_store_contract.py runs the same cases against it and the real store.
+FakePublisher builds rows with the relay's real encoder (pure code) and settles each message
+as scripted.
 """
 
 from __future__ import annotations
@@ -77,9 +79,9 @@ class FakeClaim:
         gone = set(s.published) | {d[0] for d in s.dead}
         self.store.deleted += s.published
         self.store.dead += [(d[0], d[1]) for d in s.dead]
-        retried = {r[0]: r[1] for r in s.retry}
+        counted = {r[0]: r[3] for r in s.retry}  # id -> whether the attempt counts
         self.store.rows = [
-            r._replace(attempts=r.attempts + 1) if r.id in retried else r
+            r._replace(attempts=r.attempts + int(counted[r.id])) if r.id in counted else r
             for r in self.store.rows if r.id not in gone
         ]
 
