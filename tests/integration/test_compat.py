@@ -76,7 +76,7 @@ async def test_pg_socket__found_and_tuned_on_relay_sessions(env: Env) -> None:
 
     settings = Settings(pg_dsn=env.pg_dsn.replace("localhost", "127.0.0.1"),
                         amqp_url=env.amqp_url)
-    conn = await connect(settings, "listener")
+    conn = await connect(database_config(settings), "listener")
     outbox = await Outbox.open(database_config(settings))
     try:
         want = deadlines(settings).idle_in_transaction_ms

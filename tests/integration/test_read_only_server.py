@@ -30,7 +30,7 @@ async def test_connect__refuses_a_read_only_server(db: str) -> None:
     await _set_read_only(db, True)
     settings = Settings(pg_dsn=_any_server(db))
     with pytest.raises(DatabaseUnavailable, match="read-only"):
-        await connect(settings, "listener")
+        await connect(database_config(settings), "listener")
     with pytest.raises(DatabaseUnavailable, match="read-only"):
         await Outbox.open(database_config(settings))
 

@@ -69,11 +69,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="no-final-sweep",
         promise="Nothing waits on polling: the relay sweeps once more before it sleeps",
-        # The gate saw rows due once it held the sleep lock (producers that met an awake relay
-        # skipped their NOTIFY): the relay must drain or sweep them; the mutant sleeps.
+        # The lock's check saw rows due once the sleep lock was held (producers that met an
+        # awake relay skipped their NOTIFY): the relay must drain or sweep them; the mutant
+        # sleeps.
         edits=(
-            Edit("relay/loop/worker.py", r"if plan\.stay_awake:", "if False:"),
-            Edit("relay/loop/worker.py", r"if plan\.sweep:", "if False:"),
+            Edit("relay/loop/sleep.py", r"if awake:", "if False:"),
+            Edit("relay/loop/sleep.py", r"if due:", "if False:"),
+            Edit("relay/loop/sleep.py", r"elif self\._producers_hold_the_lock\(state\):",
+                 "elif False:"),
         ),
         test="tests/integration/test_conditional_notify.py"
              "::test_conditional__race_straddling_sleep_delivers_every_row_within_bound",
