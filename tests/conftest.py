@@ -38,9 +38,36 @@ def _fresh_structlog() -> Iterator[None]:
 _counter = iter(range(1, 1_000_000))
 
 
+# The core of the suite runs against both servers users run it on: PostgreSQL 15 (the
+# machine's) and 18 (a private server, pg18_admin_dsn); every other module against 15. A module
+# is core by its name here, and its tests get a [pg15] / [pg18] parameter.
+CORE_MODULES = frozenset({
+    "test_delivery", "test_verdicts", "test_ordering", "test_conditional_notify",
+    "test_fair_claims", "test_keyed_claim_cost", "test_claim_statement", "test_migrate",
+    "test_security", "test_write_outbox",
+})
+PG_SERVERS = ("pg15", "pg18")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run the core modules' tests once per server."""
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if module in CORE_MODULES and "pg_server" in metafunc.fixturenames:
+        metafunc.parametrize("pg_server", PG_SERVERS, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def pg_admin_dsn() -> Iterator[str]:
+def pg_server(request: pytest.FixtureRequest) -> str:
+    """Which PostgreSQL the test's databases live on: pg15 unless the module is core."""
+    return str(getattr(request, "param", "pg15"))
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(pg_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """Admin DSN of the test PostgreSQL server (fails loudly when there is none)."""
+    if pg_server == "pg18":
+        yield request.getfixturevalue("pg18_admin_dsn")
+        return
     try:
         dsn = services.find_postgres()
     except RuntimeError as exc:
@@ -72,7 +99,8 @@ def pg18_admin_dsn() -> Iterator[str]:
     its own port, for what only newer servers have; removed at the end of the run, and a
     server an interrupted run left is removed at the start of the next."""
     remove_stale(PG18_PREFIX)
-    cluster = PrivateCluster(prefix=PG18_PREFIX, bin_dir=pg18_bin_dir()).init()
+    cluster = PrivateCluster(prefix=PG18_PREFIX, bin_dir=pg18_bin_dir(),
+                             max_connections=200).init()
     try:
         cluster.start()
         yield cluster.dsn
