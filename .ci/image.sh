@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the project's two images (runtime, spark) with a local Docker engine and exercises them
-# against the machine's PostgreSQL and RabbitMQ (tests/image/). Called by .ci/run; idempotent.
+# against the machine's PostgreSQL and RabbitMQ, alone and as the compose demo's services
+# (tests/image/). Called by .ci/run; idempotent.
 #
 # No image registry answers here, so the base image is made locally: a Debian bookworm with
 # Python 3.11 by debootstrap from the mirror apt uses, with this machine's CA bundle (the
@@ -30,6 +31,8 @@ stop_engine() {
 need_apt=()
 command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+# Compose v1 (Debian's; v2 cannot be installed here) for tests/image/test_compose.py.
+command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]}"
   apt-get update -qq

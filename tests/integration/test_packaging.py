@@ -1,6 +1,6 @@
 """The container's runtime environment, built as far as it goes without a Docker engine.
 
-The Dockerfile's build stage copies a few folders, makes a fresh venv and runs a plain
+The Dockerfile's deps and build stages copy a few files, make a fresh venv and run a plain
 (non-editable) `pip install .`; this copies the same folders (read from the Dockerfile's COPY
 lines), does the same install, and then uses `relay` the way the image does: `--help`,
 `migrate` (which reads the SQL files shipped inside the wheel), and `status`.
@@ -25,13 +25,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def docker_build_context(dest: Path) -> Path:
-    """Copy what the Dockerfile's build stage COPYs (and nothing else) into `dest`.
+    """Copy what the Dockerfile's deps and build stages COPY (and nothing else) into `dest`.
 
     Symlinks stay symlinks, as `COPY` keeps them (relay/sql -> ../sql).
     """
-    build_stage = (ROOT / "Dockerfile").read_text().split(" AS build", 1)[1].split("\nFROM ")[0]
+    text = (ROOT / "Dockerfile").read_text()
+    # The deps stage copies what the dependencies come from, the build stage the package.
+    stages = [text.split(f" AS {name}\n", 1)[1].split("\nFROM ")[0] for name in ("deps", "build")]
     dest.mkdir()
-    copies = re.findall(r"^COPY (?!--from)(.+)$", build_stage, re.MULTILINE)
+    copies = [c for stage in stages
+              for c in re.findall(r"^COPY (?!--from)(.+)$", stage, re.MULTILINE)]
     assert copies
     for line in copies:
         *sources, _target = line.split()
