@@ -2,7 +2,7 @@
 
 A *service* works in `run()` until it is cancelled and releases what it holds in `close()`
 (the LISTEN session, the backlog poller); a *resource* only has `close()` (the pool, the
-broker connection, the wake-up gate's session, the HTTP endpoint). relay/app.py registers each
+broker connection, the wake-up lock's session, the HTTP endpoint). relay/app.py registers each
 as it creates it; `stop()` cancels every running service, newest first, waits for them, then
 closes everything, newest first, so nothing is closed under a part that still uses it. The
 worker is the one part outside the group: it stops gracefully, finishing its batches within

@@ -1,12 +1,12 @@
 """Which relay of a table is its *sleeper*: the one that sleeps holding the wake-up lock
 (relay/pg/wakeup.py), elected by a second advisory lock, the role lock R.
 
-The sleeper holds R for the life of its gate session. Every other replica is a *waiter*: its
-gate session queues a request for R (a lock request costs nothing while it waits) and sleeps on
-LISTEN alone. When the sleeper's session ends (stop, crash, lost network) a waiter is granted
-R and takes over. The election shares the gate's session on purpose: the session that ends
-with a process releases both locks at once, so a dead relay can neither keep the role nor
-keep producers from notifying.
+The sleeper holds R for the life of its wake-up lock session. Every other replica is a
+*waiter*: its wake-up lock session queues a request for R (a lock request costs nothing while it
+waits) and sleeps on LISTEN alone. When the sleeper's session ends (stop, crash, lost network)
+a waiter is granted R and takes over. The election shares the wake-up lock's session on
+purpose: the session that ends with a process releases both locks at once, so a dead relay can
+neither keep the role nor keep producers from notifying.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ ROLE_WAIT_S = 3600.0
 
 
 class SleeperElection:
-    """The role of this relay on the gate's session: None until decided, then sleeper or
-    waiter. Driver errors of `decide` are the caller's (the gate's session is then lost)."""
+    """The role of this relay on the wake-up lock's session: None until decided, then sleeper or
+    waiter. Driver errors of `decide` are the caller's (that session is then lost)."""
 
     def __init__(
         self,

@@ -203,7 +203,7 @@ class WakeupLockSession:
             self._release = asyncio.ensure_future(self._unlock())
 
     async def step_down(self) -> None:
-        """This relay cannot publish (its broker connection is down): end the gate session,
+        """This relay cannot publish (its broker connection is down): end the lock session,
         so that the sleeper role goes to a replica that can. Producers then see that replica
         asleep and notify, instead of skipping the NOTIFY for a relay that cannot act on it
         (the other replicas would only have seen new rows at their poll interval). The next
@@ -238,7 +238,7 @@ class WakeupLockSession:
             self._lost(f"releasing the wake-up lock failed: {exc}")
 
     async def _connection(self) -> asyncpg.Connection | None:
-        """The dedicated gate connection (session-level locks), opened on demand."""
+        """The dedicated wake-up lock connection (session-level locks), opened on demand."""
         if self._release is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._release
