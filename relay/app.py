@@ -103,6 +103,12 @@ def _backoff(settings: Settings) -> Backoff:
     return Backoff(base_s=0.2, max_s=settings.reconnect_max_s)
 
 
+def _quick_backoff(reconnect_max_s: float) -> Backoff:
+    """The LISTEN and wake-up sessions come back sooner than the others (5 s at most): while
+    they are down the relay polls, and the LISTEN session's return ends the pool's backoff."""
+    return Backoff(0.2, min(5.0, reconnect_max_s))
+
+
 async def _worker_main(settings: Settings, db: DatabaseConfig, worker: Worker, outbox: Outbox,
                        supervisors: Supervisors) -> None:
     """The worker, behind the leader lock in single-active mode."""
@@ -129,8 +135,7 @@ def make_listener(db: DatabaseConfig, supervisors: Supervisors,
         lambda: connect(db, "listener"),
         db.names.channel,
         wake,
-        supervisor=supervisors.add(
-            "listener", backoff=Backoff(0.2, min(5.0, db.reconnect_max_s))),
+        supervisor=supervisors.add("listener", backoff=_quick_backoff(db.reconnect_max_s)),
         ping_sql=db.queries["ping"],
         on_up=supervisors.get("database").wake,
     )
@@ -241,10 +246,7 @@ async def _serve(settings: Settings, db: DatabaseConfig, supervisors: Supervisor
         lambda: connect(db, "wakeup"),
         db.queries,
         doorbell.ring,
-        # While the lock's session is down the relay polls every second: come back sooner
-        # than the other sessions' backoff would.
-        supervisor=supervisors.add(
-            "wakeup", backoff=Backoff(0.2, min(5.0, settings.reconnect_max_s))),
+        supervisor=supervisors.add("wakeup", backoff=_quick_backoff(db.reconnect_max_s)),
     ))
     worker = Worker(outbox, publisher, worker_config(settings), metrics=metrics, lock=lock,
                     doorbell=doorbell, db_supervisor=supervisors.get("database"),

@@ -85,9 +85,9 @@ class SleepTimes:
     """The sleeper's clock settings: the poll interval (the longest sleep), the shortest poll
     of `off` mode, and the poll while the sleeper has no lock session."""
 
-    poll_interval_s: float = 5.0
-    poll_min_interval_s: float = 0.05
-    fallback_poll_s: float = 1.0
+    poll_interval_s: float
+    poll_min_interval_s: float
+    fallback_poll_s: float
 
 
 class Sleeper:
@@ -104,8 +104,7 @@ class Sleeper:
         self.lock = lock
         self._next_due = next_due
         self.times = times
-        self._poll = AdaptivePoll(min(times.poll_min_interval_s, times.poll_interval_s),
-                                  times.poll_interval_s)
+        self._poll = AdaptivePoll(times.poll_min_interval_s, times.poll_interval_s)
         self._claimed_at_sleep = 0
         self._drained_awake = False  # the last check's rows were drained awake
         # From the end of one sweep to the start of the next (the flow rule).

@@ -28,16 +28,15 @@ class DatabaseConfig:
 
     dsn: str | None
     names: TableNames
-    table: str = "queue_message"
-    deadlines: Deadlines = field(default_factory=lambda: Deadlines.derive(
-        publish_budget_s=15.0, statement_timeout_s=30.0, poll_interval_s=5.0))
-    lock_command_timeout_s: float = 30.0
-    reconnect_max_s: float = 30.0
-    startup_timeout_s: float = 60.0
-    on_success: OnSuccess = OnSuccess.DELETE
-    claim: ClaimOptions = field(default_factory=ClaimOptions)
-    pool_size: int = 8
-    leader_idle_session_ms: int = 30_000
+    table: str
+    deadlines: Deadlines
+    lock_command_timeout_s: float
+    reconnect_max_s: float
+    startup_timeout_s: float
+    on_success: OnSuccess
+    claim: ClaimOptions
+    pool_size: int
+    leader_idle_session_ms: int
     queries: Queries = field(init=False)
 
     def __post_init__(self) -> None:

@@ -200,15 +200,15 @@ def drop_if_stuck(conn: Conn, exc: BaseException) -> None:
 
 @contextlib.contextmanager
 def translated(doing: str, conn: Conn | None = None) -> Iterator[None]:
-    """Driver errors inside the block become the relay's own: DatabaseError("<doing> failed:
-    ..."). With `conn`, the statement ran on that connection: one that may be stuck is
-    dropped first (drop_if_stuck)."""
+    """Driver errors inside the block become the relay's own (database_error: "<doing>
+    failed: ..."). With `conn`, the statement ran on that connection: one that may be stuck
+    is dropped first (drop_if_stuck)."""
     try:
         yield
     except DB_ERRORS as exc:
         if conn is not None:
             drop_if_stuck(conn, exc)
-        raise DatabaseError(f"{doing} failed: {exc}") from exc
+        raise database_error(exc, doing) from exc
 
 
 def database_error(exc: BaseException, doing: str) -> DatabaseError:

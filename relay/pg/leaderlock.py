@@ -42,7 +42,7 @@ class LeaderLock:
         connection open, where keepalives never reach the relay's host; the server keeps its
         lock for as long as the session lives. idle_session_timeout: PostgreSQL 14 and newer."""
         if conn.get_server_version() >= (14,):
-            await conn.execute(f"SET idle_session_timeout = {int(self._db.leader_idle_session_ms)}")
+            await conn.execute(f"SET idle_session_timeout = {self._db.leader_idle_session_ms}")
 
     async def wait_lost(self, interval_s: float) -> str:
         """Return once the lock's session is gone (and with it the lock): why."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from relay.errors import DatabaseError, DatabaseUnavailable, SchemaError
+from relay.errors import SchemaError
 from relay.interfaces import ClaimOptions, OnSuccess, OutboxRow, Settlement
 from relay.pg.config import DatabaseConfig
 from relay.pg.connection import (
@@ -23,6 +23,7 @@ from relay.pg.connection import (
     Conn,
     bound_transactions,
     connect_failed,
+    database_error,
     require_read_write,
     session_args,
     translated,
@@ -243,8 +244,7 @@ class Outbox:
                     await require_current(conn, outbox.q, db.table)
         except DB_ERRORS as exc:
             await pool.close()
-            kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
-            raise kind(f"checking the outbox table failed: {exc}") from exc
+            raise database_error(exc, "checking the outbox table") from exc
         except SchemaError:
             await pool.close()
             raise
