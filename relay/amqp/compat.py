@@ -1,8 +1,9 @@
 """Every use of aiormq and aio-pika internals, in one place, checked when a connection opens.
 
-The relay leans on four things the libraries do not document: aiormq's connection.blocked event
+The relay leans on five things the libraries do not document: aiormq's connection.blocked event
 (read, never set), a channel's frame reader hooks for basic.ack/nack and basic.return (replaced on
-the relay's own confirm channels), the channel's frame queue (to read a returned message's header
+the relay's own confirm channels) and for channel.close (wrapped: the broker's close is known
+before aiormq queues its close-ok), the channel's frame queue (to read a returned message's header
 and body) and the connection's write queue (to write a batch of pre-encoded frames). `verify`
 runs at every connect and fails with the library versions and what is missing, instead of a
 publish that silently settles nothing. pyproject.toml pins both libraries to tested ranges;
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
 import aiormq
 from aiormq.abc import ChannelFrame
+from aiormq.channel import exception_by_code as channel_exception_by_code
 from pamqp import commands as spec
 from pamqp import common as pamqp_common
 from pamqp import encode as pamqp_encode
@@ -30,8 +32,8 @@ ConfirmHook = Callable[[spec.Basic.Ack | spec.Basic.Nack], None]
 ReturnHook = Callable[[spec.Basic.Return, spec.Basic.Properties], None]
 
 _UNBLOCKED = "_Connection__connection_unblocked"
-_CHANNEL_NEEDS = ("_on_confirm_frame", "_on_return_frame", "_get_frame", "write_queue",
-                  "number", "closing", "is_closed", "connection")
+_CHANNEL_NEEDS = ("_on_confirm_frame", "_on_return_frame", "_on_close_frame", "_get_frame",
+                  "write_queue", "number", "closing", "is_closed", "connection")
 
 
 @dataclass(slots=True)
@@ -40,6 +42,7 @@ class HookCalls:
 
     confirms: int = 0
     returns: int = 0
+    closes: int = 0
 
 
 HOOK_CALLS = HookCalls()
@@ -150,6 +153,26 @@ def hook_returns(raw_channel: Any, on_return: ReturnHook) -> None:
     raw_channel._on_return_frame = return_frame
 
 
+def hook_broker_close(raw_channel: Any, on_close_frame: Callable[[str], None]) -> None:
+    """Call `on_close_frame(reason)` when the broker's channel.close is read, before aiormq
+    queues its close-ok.
+
+    aiormq marks the channel closed (`is_closed`) only a few loop turns after it queued the
+    close-ok; a frame written for the channel in between reaches the broker after the close-ok,
+    on a channel number it has closed, and the broker closes the whole connection for it (504
+    CHANNEL_ERROR "expected 'channel.open'"). The relay's writers check this first.
+    """
+    original = raw_channel._on_close_frame
+
+    async def close_frame(frame: spec.Channel.Close) -> None:
+        HOOK_CALLS.closes += 1
+        exc = channel_exception_by_code(frame)
+        on_close_frame(str(exc) or type(exc).__name__)
+        await original(frame)
+
+    raw_channel._on_close_frame = close_frame
+
+
 def on_close(raw_channel: Any, callback: Callable[[BaseException | None], None]) -> None:
     """Call `callback(exception or None)` once the channel closes."""
 
@@ -159,20 +182,45 @@ def on_close(raw_channel: Any, callback: Callable[[BaseException | None], None])
     raw_channel.closing.add_done_callback(closed)
 
 
-async def write(raw_channel: Any, payload: bytes, timeout_s: float) -> asyncio.Future[None]:
-    """Queue pre-encoded frames on the connection's writer; return the drain future.
+# How often a writer waiting for room in a full write queue (the broker blocks publishers, or
+# the socket is slow) looks again.
+QUEUE_FULL_RETRY_S = 0.02
+
+
+async def write(raw_channel: Any, payload: bytes, timeout_s: float,
+                closed: Callable[[], bool]) -> asyncio.Future[None] | None:
+    """Queue pre-encoded frames on the connection's writer; return the drain future, or None
+    when `closed()` says the channel takes nothing more.
+
+    `closed()` is asked in the same loop turn as the frames are queued, never a turn before:
+    a channel.close the broker sends is read between loop turns, and aiormq queues its
+    close-ok at once; frames queued after that reach a closed channel number (504, the whole
+    connection closes). So the queue is never awaited with the frames in hand: while it is
+    full, the writer looks again every QUEUE_FULL_RETRY_S.
 
     Raises TimeoutError when the writer does not take them within `timeout_s` (the queue is
     bounded and the writer stops while the broker blocks publishers).
     """
-    drain: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    put: Awaitable[None] = raw_channel.write_queue.put(ChannelFrame(payload, False, drain))
-    try:
-        await asyncio.wait_for(put, timeout=max(timeout_s, 0.0))
-    except BaseException:
-        drain.cancel()
-        raise
-    return drain
+    loop = asyncio.get_running_loop()
+    until = loop.time() + max(timeout_s, 0.0)
+    queue: asyncio.Queue[ChannelFrame] = raw_channel.write_queue
+    drain: asyncio.Future[None] = loop.create_future()
+    while True:
+        if closed():
+            drain.cancel()
+            return None
+        try:
+            queue.put_nowait(ChannelFrame(payload, False, drain))
+            return drain
+        except asyncio.QueueFull:
+            if loop.time() >= until:
+                drain.cancel()
+                raise TimeoutError from None
+        try:
+            await asyncio.sleep(min(QUEUE_FULL_RETRY_S, max(until - loop.time(), 0.0)))
+        except BaseException:
+            drain.cancel()
+            raise
 
 
 BROKER_LOST = (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)

@@ -130,15 +130,40 @@ async def _confirm_channel(connection: Any) -> tuple[Any, Any, _Returns]:
 
 
 class _Closing:
-    """Why the broker closed a channel (a channel.close it sent), if it did."""
+    """Whether a channel is closing, and why the broker closed it (a channel.close it sent).
+
+    `ended` turns true as the broker's channel.close is read (before aiormq queues its
+    close-ok, compat.hook_broker_close) or as the relay starts closing the channel itself:
+    nothing is written for the channel from then on. aiormq's own `is_closed` turns true a few
+    loop turns later; a frame written in between would follow the close-ok onto a closed
+    channel number, and the broker closes the whole connection for that (504).
+    """
 
     def __init__(self, raw: Any) -> None:
+        self.raw = raw
         self.reason: str | None = None
+        self.ended = False
+        compat.hook_broker_close(raw, self._broker_closed)
         compat.on_close(raw, self._closed)
 
+    @property
+    def closed(self) -> bool:
+        """Nothing more may be written on the channel."""
+        return self.ended or bool(self.raw.is_closed)
+
+    def _broker_closed(self, reason: str) -> None:
+        self.ended = True
+        self.reason = self.reason or reason
+
     def _closed(self, exc: BaseException | None) -> None:
-        if isinstance(exc, compat.CHANNEL_CLOSED):
+        self.ended = True
+        if isinstance(exc, compat.CHANNEL_CLOSED) and self.reason is None:
             self.reason = str(exc) or type(exc).__name__
+
+    async def close(self) -> None:
+        """Close the channel from the relay's side (bounded, errors ignored)."""
+        self.ended = True
+        await _close_quietly(self.raw)
 
 
 class PerMessage:
@@ -153,7 +178,7 @@ class PerMessage:
     @property
     def usable(self) -> bool:
         """The confirm channel is open."""
-        return self._raw is not None and not self._raw.is_closed
+        return self._raw is not None and self._closing is not None and not self._closing.closed
 
     async def open(self, connection: Any) -> None:
         """Open a confirm channel and route its returns to the relay's header."""
@@ -162,13 +187,14 @@ class PerMessage:
 
     async def discard(self) -> None:
         """Close the channel; the next open() brings another (Transport.discard)."""
-        raw, self._raw = self._raw, None
-        await _close_quietly(raw)
+        closing, self._raw, self._closing = self._closing, None, None
+        if closing is not None:
+            await closing.close()
 
     async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
         """Publish every message; wait for their confirms until the deadline."""
         # This channel's own returns: a reopen meanwhile brings a new channel with its own.
-        raw, returns = self._raw, self._returns
+        raw, returns, closing = self._raw, self._returns, self._closing
         loop = asyncio.get_running_loop()
         tasks = [
             asyncio.ensure_future(
@@ -186,8 +212,8 @@ class PerMessage:
         status = [self._status(task, task in not_done) for task in tasks]
         closed = next((str(e) for t in tasks if (e := _exception(t)) is not None
                        and isinstance(e, compat.CHANNEL_CLOSED)), None)
-        if closed is None and self._closing is not None and raw.is_closed:
-            closed = self._closing.reason
+        if closed is None and closing is not None and closing.closed:
+            closed = closing.reason
         return Sent(status, returns.take([m.id for m in messages]), closed,
                     loop.time() - started)
 
@@ -228,7 +254,8 @@ class _ConfirmChannel:
 
     @property
     def closed(self) -> bool:
-        return bool(self.raw.is_closed)
+        """Nothing more may be written on the channel (_Closing.closed)."""
+        return self.closing.closed
 
 
 class Bulk:
@@ -251,7 +278,7 @@ class Bulk:
         """Close the channel; the next open() brings another (Transport.discard)."""
         confirm, self._confirm = self._confirm, None
         if confirm is not None:
-            await _close_quietly(confirm.raw)
+            await confirm.closing.close()
 
     async def open(self, connection: Any) -> None:
         """Open a confirm channel whose confirms and returns go to the tag tracker."""
@@ -298,7 +325,7 @@ class Bulk:
                     # The deadline came inside a message larger than a write: a message cut
                     # in two cannot be taken back, so the channel closes (what the broker
                     # confirmed before stays confirmed) and the pipeline reopens it.
-                    await _close_quietly(channel.raw)
+                    await channel.closing.close()
                     channel.tracker.discard(tags)
                     return self._settle(channel, messages, tags, False, 0.0)
                 # Not written: give the tags back so the next pass's numbering stays exact.
@@ -345,11 +372,13 @@ class Bulk:
                 if drain is not None:
                     await asyncio.wait_for(asyncio.shield(drain),
                                            max(deadline - loop.time(), 0))
-                if channel.closed:
-                    # Closed under the pass: its number may be reopened for another channel,
-                    # and frames for a closed number close the whole connection (504).
+                # Closed under the pass (checked as the frames are queued): its number may be
+                # reopened for another channel, and frames for a closed number close the
+                # whole connection (504).
+                taken = await compat.write(channel.raw, chunk.payload, deadline - loop.time(),
+                                           lambda: channel.closed)
+                if taken is None:
                     return drain or loop.create_future(), written
-                taken = await compat.write(channel.raw, chunk.payload, deadline - loop.time())
             except TimeoutError:
                 if drain is None:
                     raise

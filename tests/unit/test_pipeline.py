@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from pamqp import commands as spec
+
 from relay.amqp.connection import ExchangeCache
 from relay.amqp.encoder import amqp_properties
 from relay.amqp.frames import ACKED, NACKED, ConfirmTracker, FrameEncoder
@@ -236,9 +238,14 @@ def _large_messages() -> list[Message]:
             for i in range(4)]
 
 
+async def _aiormq_close_frame(frame: Any) -> None:
+    """aiormq's own channel.close reader (it queues the close-ok); nothing here."""
+
+
 def _bulk(queue_size: int = 0) -> tuple[Bulk, _ConfirmChannel]:
     raw = SimpleNamespace(is_closed=False, write_queue=asyncio.Queue(maxsize=queue_size),
-                          closing=asyncio.get_running_loop().create_future())
+                          closing=asyncio.get_running_loop().create_future(),
+                          _on_close_frame=_aiormq_close_frame)
     channel = _ConfirmChannel(raw, ConfirmTracker(), FrameEncoder(1, 131072, amqp_properties),
                               asyncio.Lock(), _Closing(raw))
     bulk = Bulk()
@@ -567,3 +574,24 @@ def test_returns__kept_for_unread_passes_up_to_a_bound_oldest_first() -> None:
         returns(spec.Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="x",
                                   routing_key="rk"), props)
     assert list(returns.by_row) == ["r2", "r3", "r4"]
+
+
+async def test_bulk_send__the_brokers_channel_close_stops_the_writes_at_once() -> None:
+    """The broker's channel.close is read while the pass writes: no later write is queued,
+    although aiormq has not marked the channel closed yet (a frame after its close-ok would
+    close the whole connection); what went out is lost, the rest not sent, with the reason."""
+    bulk, channel = _bulk()
+    big = _large_messages()
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(bulk.send(big, loop.time() + 5))
+    first = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
+    await channel.raw._on_close_frame(spec.Channel.Close(404, "NOT_FOUND - no exchange 'x'"))
+    first.drain()  # the pass resumes before aiormq marks the channel closed
+    await asyncio.sleep(0.1)
+    assert channel.raw.write_queue.empty(), "a write was queued after the broker's close"
+    channel.raw.is_closed = True  # aiormq catches up
+    channel.raw.closing.set_result(None)
+    sent = await asyncio.wait_for(task, timeout=5)
+    assert sent.status == [LOST, LOST, NOT_SENT, NOT_SENT]
+    assert sent.closed_by_broker is not None
+    assert "NOT_FOUND" in sent.closed_by_broker
