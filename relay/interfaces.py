@@ -163,7 +163,9 @@ class ClaimedBatch(Protocol):
     """
 
     rows: Sequence[OutboxRow]
-    full_by_bytes: bool  # the byte budget ended the claim: more rows may be due
+    # The claim stopped at its own bound (the byte budget, the single-active walk), not at
+    # the backlog's end: more rows may be due, claim again at once.
+    more_due: bool
 
     async def settle(self, settlement: Settlement) -> None:
         """Delete or archive published rows, reschedule retries, move dead letters."""

@@ -322,12 +322,71 @@ SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed
 -- or not, except keyed rows behind an earlier row of their key that is not due (retrying or
--- delayed) or, with block ($2), whose key has a dead letter. Bounded by bytes ($3) as
--- claim is; content over $4 bytes withheld as in claim.
+-- delayed) or, with block ($2), whose key has a dead letter. Bounded by bytes ($3) as claim
+-- is; content over $4 bytes withheld as in claim.
+-- Its cost does not grow with rows it cannot take: it looks at two windows of $6 rows each,
+-- the table's first rows (a) and, when those give less than a batch, the rows after
+-- max(a's end, $5) (b; $5 is the caller's cursor, relay/pg/store.py SingleActiveCursor, which
+-- moves on over rows that cannot go, a blocked key's stretch, one window per claim). A keyed
+-- row of b goes only when no row of its key lies between the two windows and every row of its
+-- key in a can go: each key keeps its order. Rows the cursor passed over that can go later (a
+-- retried head, a delayed row come due) wait for it to come round. A last row with a NULL id
+-- says what the walk saw: a_full (a held $6 rows), walked (b was looked at), b_rows, b_end.
+WITH a AS MATERIALIZED (
+    SELECT t.seq, t.ordering_key,
+           t.available_at <= now()
+               AND NOT (t.ordering_key IS NOT NULL AND $2::boolean
+                        AND EXISTS (SELECT 1 FROM {dead} AS d
+                                    WHERE d.ordering_key = t.ordering_key)) AS can
+    FROM {table} AS t
+    ORDER BY t.seq
+    LIMIT $6),
+a_end AS (SELECT max(seq) AS s, count(*) AS n FROM a),
+a_rows AS MATERIALIZED (
+    SELECT a.seq, a.ordering_key,
+           CASE WHEN a.ordering_key IS NULL THEN a.can
+                ELSE bool_and(a.can) OVER (PARTITION BY a.ordering_key ORDER BY a.seq) END AS ok
+    FROM a),
+walk_b AS (
+    SELECT e.n >= $6 AND (SELECT count(*) FROM a_rows WHERE ok) < $1 AS yes,
+           GREATEST(e.s, $5::bigint) AS after
+    FROM a_end AS e),
+b AS MATERIALIZED (
+    SELECT t.seq, t.ordering_key,
+           t.available_at <= now()
+               AND NOT (t.ordering_key IS NOT NULL AND (
+                   ($2::boolean AND EXISTS (SELECT 1 FROM {dead} AS d
+                                            WHERE d.ordering_key = t.ordering_key))
+                   OR t.ordering_key IN (SELECT r.ordering_key FROM a_rows AS r
+                                         WHERE NOT r.ok AND r.ordering_key IS NOT NULL)
+                   -- the key's first row after the first window (one probe of the key's
+                   -- index, never a walk of the rows between the windows)
+                   OR (SELECT g.seq FROM {table} AS g
+                       WHERE hashtext(g.ordering_key) = hashtext(t.ordering_key)
+                         AND g.ordering_key = t.ordering_key
+                         AND g.seq > (SELECT s FROM a_end)
+                       ORDER BY hashtext(g.ordering_key), g.ordering_key, g.seq
+                       LIMIT 1) <= (SELECT after FROM walk_b))) AS can
+    FROM {table} AS t
+    WHERE (SELECT yes FROM walk_b) AND t.seq > (SELECT after FROM walk_b)
+    ORDER BY t.seq
+    LIMIT $6),
+b_rows AS (
+    SELECT b.seq,
+           CASE WHEN b.ordering_key IS NULL THEN b.can
+                ELSE bool_and(b.can) OVER (PARTITION BY b.ordering_key ORDER BY b.seq) END AS ok
+    FROM b),
+cand AS (
+    SELECT u.seq FROM (SELECT seq, ok FROM a_rows UNION ALL SELECT seq, ok FROM b_rows) AS u
+    WHERE u.ok
+    ORDER BY u.seq
+    LIMIT $1)
 SELECT id, exchange, routing_key,
        CASE WHEN octet_length(content) <= $4 THEN content END AS content,
        options, attempts, seq, ordering_key, created_at_s,
-       CASE WHEN octet_length(content) > $4 THEN octet_length(content) END AS withheld
+       CASE WHEN octet_length(content) > $4 THEN octet_length(content) END AS withheld,
+       NULL::boolean AS a_full, NULL::boolean AS walked, NULL::bigint AS b_rows,
+       NULL::bigint AS b_end
 FROM (SELECT c.*,
              sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
                  OVER (ORDER BY c.seq)
@@ -338,19 +397,15 @@ FROM (SELECT c.*,
                    t.options::text AS options, GREATEST(t.attempts, 0) AS attempts, t.seq,
                    t.ordering_key, EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s
             FROM {table} AS t
-            WHERE t.available_at <= now()
-              AND (t.ordering_key IS NULL OR (
-                    NOT EXISTS (SELECT 1 FROM {table} AS e
-                                WHERE hashtext(e.ordering_key) = hashtext(t.ordering_key)
-                                  AND e.ordering_key = t.ordering_key
-                                  AND e.seq < t.seq AND e.available_at > now())
-                    AND NOT ($2::boolean AND EXISTS (SELECT 1 FROM {dead} AS d
-                                                     WHERE d.ordering_key = t.ordering_key))))
+            WHERE t.seq = ANY(ARRAY(SELECT seq FROM cand))
             ORDER BY t.seq
-            LIMIT $1
             FOR UPDATE OF t SKIP LOCKED) AS c) AS w
 WHERE w.before < $3
-ORDER BY seq
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       (SELECT n >= $6 FROM a_end), (SELECT yes FROM walk_b), (SELECT count(*) FROM b),
+       (SELECT max(seq) FROM b)
+ORDER BY seq NULLS LAST
 
 -- name: single_active_fence
 -- RELAY_MODE=single-active: batches of all relays on this table run one at a time, so a leader

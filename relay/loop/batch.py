@@ -54,7 +54,7 @@ class BatchReport:
     publish_s: float = 0.0
     batch_s: float = 0.0
     confirmed_at: float = 0.0
-    full_by_bytes: bool = False  # the byte budget ended the claim: more rows may be due
+    more_due: bool = False  # the claim stopped at its own bound: more rows may be due
 
     @property
     def untouched_outside(self) -> bool:
@@ -77,9 +77,9 @@ async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan,
             rows = claim.rows
             if not rows:
                 await claim.commit()
-                return BatchReport()
+                return BatchReport(more_due=claim.more_due)
             claimed_ns = time.time_ns()
-            full_by_bytes = claim.full_by_bytes
+            more_due = claim.more_due
             deadline = asyncio.get_running_loop().time() + plan.publish_budget_s
             messages, refused = build(publisher, rows)
             span = trace.batch(started_ns, claimed_ns, rows, messages)
@@ -100,7 +100,7 @@ async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan,
         raise
     span.finish(verdicts, held)
     return BatchReport(rows, verdicts, held, publish_s, time.perf_counter() - started,
-                       time.time(), full_by_bytes)
+                       time.time(), more_due)
 
 
 def build(

@@ -87,7 +87,7 @@ class Worker:
             "database", backoff=Backoff(0.2, config.db_retry_max_s), stopping=self._stopping)
         self.published_total = 0
         self._last_had_keys = False
-        self._last_full_by_bytes = False
+        self._last_more_due = False
         self.last_loop_at = time.monotonic()
         self.tracing: Tracing = tracing or NoTracing()
         self._trace = NO_SWEEP  # the current wake-up's trace (relay/tracing)
@@ -217,11 +217,12 @@ class Worker:
 
     def _short(self, claimed: int) -> bool:
         """The last batch came back short: the backlog is drained for now. A keyed claim is
-        also bounded by the keys per batch and any claim by bytes, so a batch cut by either
-        says nothing about the backlog: only an empty claim does then."""
-        if claimed >= self.config.batch_size:
+        also bounded by the keys per batch, so a batch cut by it says nothing about the
+        backlog: only an empty claim does then; a claim that stopped at its own bound (bytes,
+        the single-active walk) says more may be due, even when it took nothing."""
+        if claimed >= self.config.batch_size or self._last_more_due:
             return False
-        return not (claimed and (self._last_had_keys or self._last_full_by_bytes))
+        return not (claimed and self._last_had_keys)
 
     async def _wait_broker(self) -> None:
         ready = asyncio.ensure_future(self.publisher.wait_ready())
@@ -240,7 +241,7 @@ class Worker:
         report = await run_batch(self.store, self.publisher, plan, self._trace)
         self._bytes.after(report)
         # Read by _lane right after this returns (no await in between, so lanes cannot mix).
-        self._last_full_by_bytes = report.full_by_bytes
+        self._last_more_due = report.more_due
         self._last_had_keys = any(r.ordering_key is not None for r in report.rows)
         return self._account(report)
 

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -66,7 +66,7 @@ class _Claim:
         self._conn = conn
         self._q = queries
         self.rows: Sequence[OutboxRow] = rows
-        self.full_by_bytes = False
+        self.more_due = False
         self._on_success = on_success
         self._delete_at_commit: list[str] = []
         self.committed = False
@@ -112,6 +112,7 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                         keyed_first: bool = True, *, floor: SeqFloor | None = None,
                         express: bool = False, after: int | None = None,
                         upto: int | None = None, keys: FairKeyCursor | None = None,
+                        walker: SingleActiveWalk | None = None,
                         ) -> tuple[list[OutboxRow], bool]:
     """Lock up to `limit` rows and about `opts.max_bytes` of content, keyed head runs and
     unkeyed rows (those from `floor`'s start up, relay/pg/seqfloor.py), in one statement;
@@ -127,6 +128,7 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     up to this one only (the newer ones are the express lane's while it runs). `keys`: where
     the fairness keys' round begins, moved on to the last key this claim served.
     """
+    more = False
     if express:
         start = floor.start() if floor is not None else SWEEP
         records = list(await conn.fetch(q["claim_express"], limit, opts.max_bytes, start,
@@ -135,8 +137,14 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     elif opts.fence:
         # single-active: one claimer at a time, so plain seq order keeps every key's order.
         await conn.execute(q["single_active_fence"])
+        walk = walker if walker is not None else SingleActiveWalk()
         records = list(await conn.fetch(q["claim_single_active"], limit, opts.block_on_dead,
-                                        opts.max_bytes, opts.max_message_bytes))
+                                        opts.max_bytes, opts.max_message_bytes, walk.start(),
+                                        walk.window(limit)))
+        seen = records.pop()  # the walk's last row: what it saw (sql/queries.sql)
+        walk.claimed(limit, [r["seq"] for r in records], _bytes(records) >= opts.max_bytes,
+                     seen)
+        more = walk.more
     else:
         start = floor.start() if floor is not None else SWEEP
         started = time.monotonic()
@@ -159,7 +167,56 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                   ordering_key=r["ordering_key"], withheld=r["withheld"])
         for r in records
     ]
-    return rows, used >= opts.max_bytes
+    return rows, more or used >= opts.max_bytes
+
+
+class SingleActiveWalk:
+    """Where the single-active claim's second window begins (query claim_single_active).
+
+    The claim looks at the table's first `window(limit)` rows and, when those give less than a
+    batch, at as many after `after`: the cursor moves on over rows that cannot go (a key
+    blocked by a retrying head or a dead letter, with any number of rows behind it) one window
+    per claim, the claims following one another at once (`more`), and rests at the table's
+    end, where new rows arrive. So a claim costs two windows whatever waits, and new rows
+    behind a blocked stretch go at once. Rows the cursor passed over that can go later (a key
+    whose blocking row, not at the table's head, came due; a row another session held) are
+    found when it walks again from the start, every `rewalk_s` at most."""
+
+    def __init__(self, rewalk_s: float = 30.0) -> None:
+        self.after = 0
+        self.more = False
+        self.rewalk_s = rewalk_s
+        self._walked_at = time.monotonic()
+
+    @staticmethod
+    def window(limit: int) -> int:
+        """Rows one window looks at."""
+        return 4 * max(limit, 0) + 64
+
+    def start(self) -> int:
+        """Where this claim's second window begins: at rest for `rewalk_s`, from the start."""
+        now = time.monotonic()
+        if self.after and not self.more and now - self._walked_at >= self.rewalk_s:
+            self.after, self._walked_at = 0, now
+        return self.after
+
+    def claimed(self, limit: int, seqs: Sequence[int], by_bytes: bool,
+                seen: Mapping[str, Any]) -> None:
+        """A claim took rows `seqs` (`by_bytes`: the byte budget ended it); its walk `seen`:
+        a_full (the first window was full), walked (the second was looked at), b_rows and
+        b_end (its rows and its last seq)."""
+        self.more = False
+        b_rows, b_end = seen["b_rows"], seen["b_end"]
+        if not seen["a_full"]:
+            self.after = 0  # the whole table fits in the first window
+        elif not seen["walked"]:
+            pass  # the first window gave a batch
+        elif len(seqs) >= limit or by_bytes:
+            self.after = max([self.after, *seqs])  # a full batch: go on after its last row
+        elif b_rows >= self.window(limit) and b_end is not None:
+            self.after, self.more = b_end, True  # all of it passed over: the next window
+        elif b_end is not None:
+            self.after = b_end  # the walk reached the table's end: rest there
 
 
 class FairKeyCursor:
@@ -211,6 +268,7 @@ class Outbox:
         self.fair_upto: int | None = None
         # Where the next claim's fairness keys' round begins.
         self._fair_keys = FairKeyCursor()
+        self._single_active = SingleActiveWalk()
         # The connections whose claim statements are prepared (_prepare): (server pid, id of
         # the connection's settings object, for the express lane's claim).
         self._prepared: set[tuple[int, int, bool]] = set()
@@ -294,14 +352,14 @@ class Outbox:
                     opts = self.claim_options
                     if max_bytes is not None and max_bytes < opts.max_bytes:
                         opts = replace(opts, max_bytes=max_bytes)
-                    records, full_by_bytes = await claim_records(
+                    records, more_due = await claim_records(
                         conn, self.q, opts, limit, self._claims % 2 == 0,
                         floor=self.floor, express=express, after=after, upto=self.fair_upto,
-                        keys=self._fair_keys)
+                        keys=self._fair_keys, walker=self._single_active)
                 except asyncpg.UndefinedTableError as exc:
                     raise SchemaError() from exc
             batch = _Claim(conn, self.q, records, self._on_success)
-            batch.full_by_bytes = full_by_bytes
+            batch.more_due = more_due
             try:
                 yield batch
             finally:
@@ -326,7 +384,7 @@ class Outbox:
             await conn.execute(q["claim_express"], 0, 0, SWEEP, None, opts.max_message_bytes)
         elif opts.fence:
             await conn.execute(q["claim_single_active"], 0, opts.block_on_dead, 0,
-                               opts.max_message_bytes)
+                               opts.max_message_bytes, 0, 0)
         else:
             await conn.execute(q["claim"], 0, opts.keys_per_batch, opts.block_on_dead, 0,
                                SWEEP, True, None, opts.max_message_bytes, None)

@@ -55,7 +55,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         promise="No loss: a row leaves the outbox only after the broker confirmed it",
         edits=(Edit(
             "relay/pg/store.py",
-            r"(?P<i>[ \t]+)(records, full_by_bytes = await claim_records\([^)]*\)\n)",
+            r"(?P<i>[ \t]+)(records, more_due = await claim_records\([^)]*\)\n)",
             r"\g<i>\2"
             r"\g<i>await conn.execute(self.q['delete_published'], [r.id for r in records])\n"
             r"\g<i>await conn.execute('COMMIT')\n"

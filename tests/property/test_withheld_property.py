@@ -34,12 +34,14 @@ async def _claims(conn: asyncpg.Connection, limit: int) -> dict[str, list[asyncp
     for name, args in (
         ("claim", (Q["claim"], 1000, 64, False, NO_BYTE_LIMIT, SWEEP, True, None, limit, None)),
         ("claim_express", (Q["claim_express"], 64, NO_BYTE_LIMIT, SWEEP, "0", limit)),
-        ("claim_single_active", (Q["claim_single_active"], 1000, False, NO_BYTE_LIMIT, limit)),
+        ("claim_single_active", (Q["claim_single_active"], 1000, False, NO_BYTE_LIMIT, limit,
+                                 0, 4064)),
     ):
         tx = conn.transaction()
         await tx.start()
         try:
-            out[name] = list(await conn.fetch(*args))
+            # claim_single_active's last row (id NULL) says what its walk saw, not a row.
+            out[name] = [r for r in await conn.fetch(*args) if r["id"] is not None]
         finally:
             await tx.rollback()
     return out

@@ -65,7 +65,7 @@ class FakeClaim:
     store: FakeStore
     settlement: Settlement | None = None
     committed: bool = False
-    full_by_bytes: bool = False
+    more_due: bool = False
 
     async def settle(self, settlement: Settlement) -> None:
         self.settlement = settlement
