@@ -1,7 +1,7 @@
 """Commit-to-consumer latency of two builds of the relay, back to back in one run.
 
     python -m bench.compare --before-src /tmp/relay-before --label "pool reset cut" \
-        --rates 1000:4,3000:16 --runs 3 --seconds 10 --out bench/compare/pool-reset.md
+        --rates 1000:4,3000:16 --runs 3 --seconds 10 --out /tmp/pool-reset.md
 
 `--before-src` is another checkout of the relay (e.g. `git worktree add /tmp/relay-before
 HEAD~1`); the after build is this tree. Runs alternate (before, after, before, after...) on one

@@ -1,6 +1,6 @@
 """Live rows beside a bulk job: one-row transactions committed while a bulk transaction drains.
 
-    python -m bench.fairness --out bench/fairness-RESULTS.md [--rows 300000] [--live-rate 200]
+    python -m bench.fairness --out /tmp/fairness.md [--rows 300000] [--live-rate 200]
         [--relays 1,2] [--runs 1] [--relay-setting EXPRESS_LANE=false] [--insert-cost]
         [--spark] [--before-src DIR]
 

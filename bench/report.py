@@ -166,7 +166,7 @@ def render_markdown(report: dict[str, Any]) -> str:
               for name, v, bound, met in targets(s, report["notify_mode"])]
     lines += ["", "For a target not met, docs/speed.md (\"The targets and the latest full run\") "
               "gives where its time goes, from the traces, profiles and per-process CPU of "
-              "bench/compare/ and bench/profiles/, and what would move it."]
+              "the experiments it quotes, and what would move it."]
     lines += ["", "## Ratios (this run)", "", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {val} |" for k, val in s["ratios"].items()]
     lines += ["", *_render_drains(s)]

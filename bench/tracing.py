@@ -1,6 +1,6 @@
 """Drain with tracing off and on, back to back, on a private cluster.
 
-    python -m bench.tracing --rows 100000 --runs 3 --out bench/compare/tracing.md
+    python -m bench.tracing --rows 100000 --runs 3 --out /tmp/tracing.md
 
 One `relay run` with default settings drains a backlog committed in one transaction
 (bench/drain.py), alternately with tracing off (no OTEL_* variable: the default) and on
@@ -15,7 +15,6 @@ Markdown report with the machine, the command, the date and the load average bef
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 from bench.common import TRACED_OPTIONS_SQL, OneOff, one_off, one_off_env, wait_quiet
@@ -83,7 +82,7 @@ def report(records: list[dict[str, Any]], run: OneOff) -> str:
 
 def main() -> None:
     """Parse arguments, run on a private cluster, write the report."""
-    args, run = one_off("bench.tracing", runs=3, out=Path("bench/compare/tracing.md"),
+    args, run = one_off("bench.tracing", runs=3,
                         quiet_below=1.5, options={"--rows": {"type": int, "default": 100_000}})
     records = run_on_private_server(lambda: tracing_runs(args.rows, args.runs,
                                                          args.quiet_below))

@@ -1,5 +1,5 @@
-"""The one-off benchmark scripts write their results files from their records alone: every
-file names the command, the date, the machine and the load average (pure code, no servers)."""
+"""The benchmark scripts that compare two builds write their reports from their records alone:
+every report names the command, the date, the machine and the load average (pure code)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import bigbacklog, compare, drainshape, horizon, latency_servers
+from bench import compare
 from bench.common import OneOff, one_off
-
-CORES = {"relay": 0.1, "postgres": 0.3, "rabbitmq": 0.8, "machine_busy": 1.2}
 
 
 def _latency(key: str, group: str, rate: int, p50: float) -> dict[str, object]:
@@ -27,35 +25,15 @@ def _has_provenance(text: str, run: OneOff) -> None:
     assert f"- load average before the run: {run.load}" in text
 
 
-def test_every_one_off_report__names_command_date_machine_and_load(tmp_path: Path) -> None:
+def test_a_one_off_report__names_command_date_machine_and_load(tmp_path: Path) -> None:
     run = OneOff("bench.example")
-    texts = [
-        compare.report([_latency("build", "before", 1000, 1.5),
-                        _latency("build", "after", 1000, 1.2)], "a cut", run),
-        latency_servers.report([_latency("server", "shared", 1000, 1.8),
-                                _latency("server", "private", 1000, 1.9)], run),
-        horizon.report([{"build": b, "run": 1, "pinned": p, "rows": 1000,
-                         "msg_per_s": 100.0 if p else 125.0, "seconds": 1.0,
-                         "load_before": [0.5]} for b in ("before", "after")
-                        for p in (False, True)], run, ""),
-        bigbacklog.report([{"what": w, "messages": n, "msg_per_s": 100.0, "seconds": 1.0,
-                            "load_before": [0.5], "rabbitmq_cores": None}
-                           for n in (10, 100)
-                           for w in ("bulk-frame publish limit (no database)", "relay drain")],
-                          run),
-        drainshape.report([{"run": 1, "shape": "publish limit (no database)",
-                            "msg_per_s": 200.0, "load_before": [0.5], "cpu_cores": None},
-                           {"run": 1, "shape": "500 x 3", "msg_per_s": 180.0,
-                            "load_before": [0.5], "cpu_cores": CORES}], run, 1000),
-    ]
-    for text in texts:
-        _has_provenance(text, run)
-    assert "| 1000 | after | 1.20 | 3.60 |" in texts[0]
-    assert "| after | 125 | 100 | 0.80 |" in texts[2]
-    assert "| 500 x 3 | 180 | 0.90 |" in texts[4]
+    text = compare.report([_latency("build", "before", 1000, 1.5),
+                           _latency("build", "after", 1000, 1.2)], "a cut", run)
+    _has_provenance(text, run)
+    assert "| 1000 | after | 1.20 | 3.60 |" in text
     out = tmp_path / "sub" / "report.md"
-    run.write(out, texts[0])
-    assert out.read_text() == texts[0]
+    run.write(out, text)
+    assert out.read_text() == text
 
 
 def test_a_latency_report_shows_the_machines_floor_beside_each_run() -> None:
@@ -68,29 +46,6 @@ def test_a_latency_report_shows_the_machines_floor_beside_each_run() -> None:
     assert "floor p50 ms: commit / confirm / timer" in text
     assert "| 0.13 / 1.04 / 0.09 |" in text
     assert text.count("| - |") == 1  # a run recorded without a floor says so
-
-
-def test_latency_steps_reads_each_batch_span_into_its_steps() -> None:
-    from bench.latency_steps import batch_steps
-    from tests.servers.otlp_receiver import ReceivedSpan
-
-    ms = 1_000_000
-
-    def batch(start: int, rows: int) -> ReceivedSpan:
-        events = (("claimed", start + 1 * ms), ("publish", start + 2 * ms),
-                  ("confirmed", start + 4 * ms), ("settled", start + 5 * ms))
-        return ReceivedSpan("publish x", "t", f"s{start}", "w",
-                            {"messaging.batch.message_count": rows},
-                            start_ns=start, end_ns=start + 7 * ms, events=events)
-
-    wakeup = ReceivedSpan("relay wakeup", "t", "w", "", start_ns=0, end_ns=30 * ms)
-    out = batch_steps([batch(10 * ms, 4), wakeup, batch(0, 2)])
-    assert out["batches"] == 2
-    assert out["overlapping"] == 0
-    steps = {name: s["median"] for name, s in out["steps"].items()}
-    assert steps == {"claim": 1.0, "build": 1.0, "confirm": 2.0, "settle": 1.0, "commit": 2.0,
-                     "batch": 7.0, "gap": 3.0}
-    assert out["rows_median"] == 3
 
 
 def test_rates_read_as_rate_and_connections_pairs() -> None:
