@@ -17,6 +17,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
@@ -31,8 +32,18 @@ _FRAME_OVERHEAD = 8  # type(1) channel(2) size(4) ... end(1)
 _HEADER_START = struct.Struct(">BHIHHQ")  # frame type, channel, size, class, weight, body size
 _BODY_START = struct.Struct(">BHI")
 
-PENDING, ACKED, NACKED = 0, 1, 2
-NOT_SENT = 5  # a tag given back: the pass stopped writing before this message (TagRange.trim)
+
+
+class Confirm(IntEnum):
+    """What the broker said about one message of a pass (a byte of a TagRange's status)."""
+
+    PENDING = 0  # written, no confirm yet
+    ACKED = 1
+    NACKED = 2
+    TIMEOUT = 3  # no confirm by the deadline on an open channel: late, its fate unknown
+    LOST = 4  # the channel or the connection closed before a confirm: its fate unknown
+    NOT_SENT = 5  # the pass stopped writing before this message (its tag given back)
+
 # A batch goes to the connection's writer in pieces of about this size, each awaited (drained)
 # before the next: memory holds one piece, not a copy of the whole batch.
 CHUNK_BYTES = 1 << 20
@@ -132,10 +143,6 @@ class FrameEncoder:
         start = _HEADER_START.pack(2, self.channel, 12 + len(props), 60, 0, len(message.body))
         return b"".join((start, props, FRAME_END))
 
-    def body_frames(self, body: bytes) -> bytes:
-        """Content body frames, split at the negotiated frame size."""
-        return b"".join(self._body_frames(body))
-
     def _body_frames(self, body: bytes) -> Iterator[bytes]:
         """Each content body frame on its own (a large body is never copied whole at once)."""
         if len(body) <= self.max_body_frame:
@@ -214,8 +221,8 @@ class TagRange:
     def trim(self, written: int) -> None:
         """Only the first `written` messages went out: the others never get a tag."""
         for i in range(written, self.count):
-            if self.status[i] == PENDING:
-                self.status[i] = NOT_SENT
+            if self.status[i] == Confirm.PENDING:
+                self.status[i] = Confirm.NOT_SENT
                 self.remaining -= 1
         self.count = written
 
@@ -225,12 +232,12 @@ class TagRange:
         if hi < self.low:
             return
         a, b = self.low - self.first, hi - self.first + 1
-        pending = self.status.count(PENDING, a, b)
+        pending = self.status.count(Confirm.PENDING, a, b)
         if pending == b - a:
             self.status[a:b] = bytes((code,)) * (b - a)
         elif pending:
             for i in range(a, b):
-                if self.status[i] == PENDING:
+                if self.status[i] == Confirm.PENDING:
                     self.status[i] = code
         self.remaining -= pending
         self.low = hi + 1
@@ -238,7 +245,7 @@ class TagRange:
     def settle_one(self, tag: int, code: int) -> None:
         """A single ack/nack."""
         i = tag - self.first
-        if 0 <= i < self.count and self.status[i] == PENDING:
+        if 0 <= i < self.count and self.status[i] == Confirm.PENDING:
             self.status[i] = code
             self.remaining -= 1
 

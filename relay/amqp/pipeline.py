@@ -39,14 +39,15 @@ from relay.amqp import compat
 from relay.amqp.connection import BrokerConnection
 from relay.amqp.destinations import Destinations
 from relay.amqp.encoder import Encoder
-from relay.amqp.frames import ACKED, NACKED
-from relay.amqp.transports import LOST, TIMEOUT, Bulk, PerMessage, Sent, Transport
+from relay.amqp.frames import Confirm
+from relay.amqp.transports import Bulk, PerMessage, Sent, Transport
 from relay.interfaces import Fault, Message, OutboxRow, PublishResult, Reason
 from relay.supervise import Supervisor
 
 log = structlog.get_logger("relay.amqp.pipeline")
 
 PASSES = 3
+HEARD = (Confirm.ACKED, Confirm.NACKED)  # the broker confirmed the message, either way
 # How long a broker that confirmed nothing by a deadline has to answer a check before the
 # connection is taken for dead.
 ANSWER_TIMEOUT_S = 2.0
@@ -239,7 +240,7 @@ class Pipeline:
             _reraise_if_cancelled()  # aiormq cancels what waits on a connection it dropped
         except (*compat.BROKER_LOST, *compat.CHANNEL_GONE, RuntimeError):
             pass
-        return Sent([LOST] * len(messages))
+        return Sent([Confirm.LOST] * len(messages))
 
     async def _isolated(self, messages: list[Message], result: PublishResult,
                         deadline: float) -> tuple[list[Message], bool]:
@@ -256,10 +257,10 @@ class Pipeline:
             sent = await self._alone(m, deadline)
             if sent is None:
                 return messages[index:], False
-            if sent.closed_by_broker is not None and sent.status[0] not in (ACKED, NACKED):
+            if sent.closed_by_broker is not None and sent.status[0] not in HEARD:
                 self._refused(m, sent.closed_by_broker, result)
                 continue
-            if sent.status[0] in (ACKED, NACKED):
+            if sent.status[0] in HEARD:
                 self.destinations.prove(m.exchange, m.routing_key, loop.time())
                 self.destinations.answered(m.exchange, m.routing_key)
             if await self._settle([m], sent, result, self.probe or self.transport):
@@ -378,12 +379,12 @@ class Pipeline:
             cause = self._outside_cause(deadline)
             sent = None if cause is not None else await self._alone(first, deadline)
             if sent is not None and sent.closed_by_broker is not None \
-                    and sent.status[0] not in (ACKED, NACKED):
+                    and sent.status[0] not in HEARD:
                 self._refused(first, sent.closed_by_broker, result)
                 now = loop.time()
                 group = [m for m in rest if not self._held_back(m, now, set(), result)]
                 continue
-            if sent is not None and sent.status[0] in (ACKED, NACKED):
+            if sent is not None and sent.status[0] in HEARD:
                 self.destinations.prove(first.exchange, first.routing_key, loop.time())
                 await self._settle([first], sent, result)
                 now = loop.time()
@@ -392,7 +393,7 @@ class Pipeline:
                 group = [m for m in rest
                          if not self.destinations.proven(m.exchange, m.routing_key, now)]
                 continue
-            if sent is not None and sent.status[0] == TIMEOUT and self._waited_long(sent) \
+            if sent is not None and sent.status[0] == Confirm.TIMEOUT and self._waited_long(sent) \
                     and await self.connection.answers(ANSWER_TIMEOUT_S):
                 # The broker answers, the probe's destination does not confirm: that one is
                 # silent; the rest go on (those to the same destination wait with it).
@@ -417,16 +418,16 @@ class Pipeline:
         # is a slow link or a busy queue, not a destination that stopped confirming.
         answering = {(m.exchange, m.routing_key)
                      for m, status in zip(messages, sent.status, strict=True)
-                     if status in (ACKED, NACKED)}
+                     if status in HEARD}
         for m, status in zip(messages, sent.status, strict=True):
             returned = sent.returned.get(m.id)
-            if status == ACKED and returned is None:
+            if status == Confirm.ACKED and returned is None:
                 result.confirmed.append(m.id)
-            elif status == ACKED:
+            elif status == Confirm.ACKED:
                 result.failed[m.id] = Fault(Reason.UNROUTABLE, returned or "returned")
-            elif status == NACKED:
+            elif status == Confirm.NACKED:
                 result.failed[m.id] = Fault(Reason.NACKED, "nacked by the broker")
-            elif status == TIMEOUT and sent.heard:
+            elif status == Confirm.TIMEOUT and sent.heard:
                 # The broker confirmed others of the pass: it is alive and this confirm is
                 # late, not refused. The message may well be routed already, so it is no fault
                 # of the row: no attempt counted (charging one delivered the row several times
@@ -437,7 +438,7 @@ class Pipeline:
                     late.append(m)  # nothing of its destination confirmed: silent
             else:
                 alive = self.connection.blocked or sent.others_heard
-                if status == TIMEOUT and waited_long and not alive:
+                if status == Confirm.TIMEOUT and waited_long and not alive:
                     silent = True
                     late.append(m)
                 else:

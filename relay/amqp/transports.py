@@ -24,27 +24,18 @@ from pamqp import commands as spec
 
 from relay.amqp import compat
 from relay.amqp.encoder import amqp_properties, publish_method, returned_row_id
-from relay.amqp.frames import (
-    ACKED,
-    NACKED,
-    NOT_SENT,
-    PENDING,
-    ConfirmTracker,
-    FrameEncoder,
-    TagRange,
-)
+from relay.amqp.frames import Confirm, ConfirmTracker, FrameEncoder, TagRange
 from relay.interfaces import Message
 
 log = structlog.get_logger("relay.amqp.transports")
 
-TIMEOUT, LOST = 3, 4  # beside frames.ACKED, NACKED and NOT_SENT
 
 
 @dataclass(slots=True)
 class Sent:
     """What the broker said about each message of one pass, in order."""
 
-    status: list[int]  # ACKED, NACKED, TIMEOUT, LOST (fate unknown) or NOT_SENT per message
+    status: list[int]  # a frames.Confirm per message (never PENDING)
     returned: dict[str, str] = field(default_factory=dict)  # row id -> why it came back
     closed_by_broker: str | None = None  # the broker closed the channel: its reason
     waited_s: float = 0.0  # how long the pass waited for confirms
@@ -55,7 +46,7 @@ class Sent:
     @property
     def heard(self) -> bool:
         """The broker confirmed at least one message of the pass (it is alive)."""
-        return any(s in (ACKED, NACKED) for s in self.status)
+        return any(s in (Confirm.ACKED, Confirm.NACKED) for s in self.status)
 
 
 class Transport(Protocol):
@@ -220,15 +211,15 @@ class PerMessage:
     @staticmethod
     def _status(task: asyncio.Future[Any], timed_out: bool) -> int:
         if timed_out:
-            return TIMEOUT
+            return Confirm.TIMEOUT
         if task.cancelled():
-            return LOST
+            return Confirm.LOST
         exc = task.exception()
         if exc is None:
-            return ACKED if isinstance(task.result(), spec.Basic.Ack) else LOST
+            return Confirm.ACKED if isinstance(task.result(), spec.Basic.Ack) else Confirm.LOST
         if isinstance(exc, compat.DELIVERY_ERROR):
-            return NACKED
-        return LOST
+            return Confirm.NACKED
+        return Confirm.LOST
 
 
 class _PartlyWritten(Exception):
@@ -286,7 +277,7 @@ class Bulk:
         tracker = ConfirmTracker()
 
         def on_confirm(frame: spec.Basic.Ack | spec.Basic.Nack) -> None:
-            code = ACKED if isinstance(frame, spec.Basic.Ack) else NACKED
+            code = Confirm.ACKED if isinstance(frame, spec.Basic.Ack) else Confirm.NACKED
             tracker.heard_at = asyncio.get_running_loop().time()
             tracker.on_confirm(frame.delivery_tag, bool(frame.multiple), code)
 
@@ -313,10 +304,10 @@ class Bulk:
             await asyncio.wait_for(channel.write_lock.acquire(),
                                    timeout=max(deadline - loop.time(), 0))
         except TimeoutError:
-            return Sent([NOT_SENT] * len(messages))
+            return Sent([Confirm.NOT_SENT] * len(messages))
         try:
             if channel.closed:
-                return Sent([LOST] * len(messages))
+                return Sent([Confirm.LOST] * len(messages))
             tags = channel.tracker.add([m.id for m in messages], finished)
             try:
                 drain, written = await self._write(channel, messages, deadline)
@@ -332,7 +323,7 @@ class Bulk:
                 channel.tracker.next_tag = tags.first
                 channel.tracker.discard(tags)
                 if isinstance(exc, TimeoutError):  # the writer is stuck (blocked, or a dead
-                    return Sent([NOT_SENT] * len(messages))  # socket): nothing went out
+                    return Sent([Confirm.NOT_SENT] * len(messages))  # socket): nothing went out
                 raise
             if written < len(messages):
                 # The deadline came between two writes: what went out keeps its tags and its
@@ -392,7 +383,8 @@ class Bulk:
     def _settle(self, channel: _ConfirmChannel, messages: Sequence[Message], tags: TagRange,
                 timed_out: bool, waited_s: float) -> Sent:
         status = [
-            code if code != PENDING else (TIMEOUT if timed_out and not channel.closed else LOST)
+            code if code != Confirm.PENDING
+            else (Confirm.TIMEOUT if timed_out and not channel.closed else Confirm.LOST)
             for code in tags.status
         ]
         return Sent(status, channel.returns.take([m.id for m in messages]),

@@ -420,11 +420,6 @@ class Outbox:
         out["lock_strangers"] = [dict(r) for r in strangers]
         return out
 
-    async def relay_sessions(self) -> int:
-        """How many relay processes hold a LISTEN session on this database right now."""
-        with translated("reading relay sessions"):
-            return int(await self._pool.fetchval(self.q["relay_sessions"]))
-
 
 class ExpressOutbox:
     """The outbox as the express lane sees it: claims of the fair round alone, of the

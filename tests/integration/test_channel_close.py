@@ -12,8 +12,8 @@ from typing import Any
 import aio_pika
 
 from relay.amqp import compat
-from relay.amqp.frames import NOT_SENT
-from relay.amqp.transports import LOST, Bulk
+from relay.amqp.frames import Confirm
+from relay.amqp.transports import Bulk
 from relay.interfaces import Message
 from relay.options import Properties
 
@@ -80,7 +80,7 @@ async def test_broker_closes_the_channel_mid_pass__no_frame_after_the_close_ok_c
         assert order.after_close_ok == 0, (
             f"{order.after_close_ok} writes queued for channel {order.number} after its close-ok")
         # What went out before the close is lost (its fate unknown), the rest was never sent.
-        assert set(sent.status) == {LOST, NOT_SENT}
+        assert set(sent.status) == {Confirm.LOST, Confirm.NOT_SENT}
         assert sent.closed_by_broker is not None
         assert "NOT_FOUND" in sent.closed_by_broker
         # The broker kept the connection: a new channel opens and answers on it.

@@ -86,8 +86,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         promise="Bad rows: an unroutable (returned) message is not deleted as delivered",
         edits=(Edit(
             "relay/amqp/pipeline.py",
-            r"if status == ACKED and returned is None:",
-            "if status == ACKED:",
+            r"if status == Confirm\.ACKED and returned is None:",
+            "if status == Confirm.ACKED:",
         ),),
         test="tests/chaos/test_bad_rows.py",
     ),
@@ -97,7 +97,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         edits=(Edit(
             "relay/amqp/pipeline.py",
             r"(?P<i>[ \t]+)(returned = sent\.returned\.get\(m\.id\)\n)",
-            r"\g<i>if status == TIMEOUT:\n"
+            r"\g<i>if status == Confirm.TIMEOUT:\n"
             r"\g<i>    result.confirmed.append(m.id)\n"
             r"\g<i>    continue\n"
             r"\g<i>\2",
@@ -134,8 +134,8 @@ MUTATIONS: tuple[Mutation, ...] = (
             "relay/amqp/transports.py",
             r"(?P<i>[ \t]+)channel\.tracker\.trim\(tags, written\)\n",
             r"\g<i>channel.tracker.discard(tags)\n"
-            r"\g<i>await _close_quietly(channel.raw)\n"
-            r"\g<i>return Sent([LOST] * len(messages))\n",
+            r"\g<i>await channel.closing.close()\n"
+            r"\g<i>return Sent([Confirm.LOST] * len(messages))\n",
         ),),
         test="tests/unit/test_pipeline.py"
              "::test_bulk_send__a_deadline_between_writes_keeps_what_was_confirmed_and_the_channel",

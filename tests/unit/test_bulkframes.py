@@ -10,7 +10,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from relay.amqp.encoder import amqp_properties
-from relay.amqp.frames import ACKED, NACKED, NOT_SENT, PENDING, ConfirmTracker, FrameEncoder
+from relay.amqp.frames import Confirm, ConfirmTracker, FrameEncoder
 from relay.interfaces import Message
 from relay.options import Properties
 
@@ -64,12 +64,12 @@ def test_tracker__multiple_ack_settles_every_pending_tag_up_to_it_across_batches
     done: list[str] = []
     a = tracker.add(["a1", "a2", "a3"], lambda: done.append("a"))
     b = tracker.add(["b1", "b2"], lambda: done.append("b"))
-    tracker.on_confirm(2, False, NACKED)
-    tracker.on_confirm(4, True, ACKED)
-    assert list(a.status) == [ACKED, NACKED, ACKED]
-    assert list(b.status) == [ACKED, PENDING]
+    tracker.on_confirm(2, False, Confirm.NACKED)
+    tracker.on_confirm(4, True, Confirm.ACKED)
+    assert list(a.status) == [Confirm.ACKED, Confirm.NACKED, Confirm.ACKED]
+    assert list(b.status) == [Confirm.ACKED, Confirm.PENDING]
     assert done == ["a"]
-    tracker.on_confirm(5, False, ACKED)
+    tracker.on_confirm(5, False, Confirm.ACKED)
     assert done == ["a", "b"]
     assert not tracker.ranges
 
@@ -78,10 +78,10 @@ def test_tracker__closed_channel_leaves_unconfirmed_tags_pending() -> None:
     tracker = ConfirmTracker()
     done: list[str] = []
     a = tracker.add(["a1", "a2"], lambda: done.append("a"))
-    tracker.on_confirm(1, False, ACKED)
+    tracker.on_confirm(1, False, Confirm.ACKED)
     tracker.abandon_all()
     assert done == ["a"]
-    assert list(a.status) == [ACKED, PENDING]
+    assert list(a.status) == [Confirm.ACKED, Confirm.PENDING]
 
 
 def test_encode_chunks__whole_frames_in_pieces_that_join_to_the_one_write() -> None:
@@ -154,14 +154,14 @@ def test_trim__a_batch_cut_between_writes_keeps_its_written_tags_and_gives_back_
     tracker = ConfirmTracker()
     done: list[str] = []
     a = tracker.add(["a1", "a2", "a3", "a4"], lambda: done.append("a"))
-    tracker.on_confirm(1, False, ACKED)
+    tracker.on_confirm(1, False, Confirm.ACKED)
     tracker.trim(a, 2)
     assert tracker.next_tag == 3
     b = tracker.add(["b1"], lambda: done.append("b"))
     assert b.first == 3
-    tracker.on_confirm(3, True, ACKED)  # multiple: a's tag 2 and b's tag 3
-    assert list(a.status) == [ACKED, ACKED, NOT_SENT, NOT_SENT]
-    assert list(b.status) == [ACKED]
+    tracker.on_confirm(3, True, Confirm.ACKED)  # multiple: a's tag 2 and b's tag 3
+    assert list(a.status) == [Confirm.ACKED, Confirm.ACKED, Confirm.NOT_SENT, Confirm.NOT_SENT]
+    assert list(b.status) == [Confirm.ACKED]
     assert done == ["a", "b"]
 
 
@@ -169,7 +169,7 @@ def test_trim__a_batch_whose_written_part_was_confirmed_already_is_done() -> Non
     tracker = ConfirmTracker()
     done: list[str] = []
     a = tracker.add(["a1", "a2", "a3"], lambda: done.append("a"))
-    tracker.on_confirm(1, False, ACKED)
+    tracker.on_confirm(1, False, Confirm.ACKED)
     tracker.trim(a, 1)
     assert done == ["a"]
     assert not tracker.ranges

@@ -13,12 +13,14 @@ from pamqp import commands as spec
 
 from relay.amqp.connection import ExchangeCache
 from relay.amqp.encoder import amqp_properties
-from relay.amqp.frames import ACKED, NACKED, ConfirmTracker, FrameEncoder
+from relay.amqp.frames import Confirm, ConfirmTracker, FrameEncoder
 from relay.amqp.pipeline import Pipeline
-from relay.amqp.transports import LOST, NOT_SENT, TIMEOUT, Bulk, Sent, _Closing, _ConfirmChannel
+from relay.amqp.transports import Bulk, Sent, _Closing, _ConfirmChannel
 from relay.interfaces import Message, Reason
 from relay.supervise import Supervisor
 from tests.unit.kit import msg
+
+ACK = Confirm.ACKED
 
 
 @dataclass
@@ -72,7 +74,8 @@ class ScriptedTransport:
 
     async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
         self.sends.append([m.id for m in messages])
-        sent = self.answers.pop(0)(messages) if self.answers else Sent([ACKED] * len(messages))
+        sent = (self.answers.pop(0)(messages) if self.answers
+                else Sent([Confirm.ACKED] * len(messages)))
         if sent.closed_by_broker is not None:
             self.usable = False
         return sent
@@ -88,7 +91,7 @@ BATCH = [msg(f"m{i}") for i in range(5)]
 
 async def test_publish__acks_nacks_and_returns_settle_only_their_own_rows() -> None:
     def answer(ms: Sequence[Message]) -> Sent:
-        return Sent([ACKED, NACKED, ACKED, ACKED, ACKED], returned={"m2": "returned (312)"})
+        return Sent([ACK, Confirm.NACKED, ACK, ACK, ACK], returned={"m2": "returned (312)"})
 
     pipeline, _ = _pipeline(FakeConnection(), answer)
     result = await pipeline.publish(BATCH)
@@ -107,12 +110,12 @@ async def test_publish__missing_exchange_fails_its_rows_and_sends_the_rest() -> 
 
 async def test_publish__a_row_that_closes_the_channel_fails_alone_after_isolation() -> None:
     def closed(ms: Sequence[Message]) -> Sent:
-        return Sent([ACKED, LOST, LOST, LOST, LOST], closed_by_broker="PRECONDITION_FAILED")
+        return Sent([ACK] + [Confirm.LOST] * 4, closed_by_broker="PRECONDITION_FAILED")
 
     def isolated(ms: Sequence[Message]) -> Sent:
         if ms[0].id == "m2":
-            return Sent([LOST], closed_by_broker="PRECONDITION_FAILED - invalid header")
-        return Sent([ACKED])
+            return Sent([Confirm.LOST], closed_by_broker="PRECONDITION_FAILED - invalid header")
+        return Sent([Confirm.ACKED])
 
     pipeline, transport = _pipeline(FakeConnection(), closed, isolated, isolated, isolated,
                                     isolated)
@@ -126,7 +129,7 @@ async def test_publish__a_row_that_closes_the_channel_fails_alone_after_isolatio
 
 async def test_publish__a_silent_broker_is_an_outage_not_the_rows_fault() -> None:
     def silent(ms: Sequence[Message]) -> Sent:
-        return Sent([TIMEOUT] * len(ms), waited_s=15)
+        return Sent([Confirm.TIMEOUT] * len(ms), waited_s=15)
 
     conn = FakeConnection()
     pipeline, _ = _pipeline(conn, silent)
@@ -141,7 +144,7 @@ async def test_publish__a_late_confirm_while_the_broker_confirms_others_is_not_t
     """The broker is alive and the message may be routed already: charging an attempt for a
     late confirm delivered a row several times on a slow link and then parked it."""
     def partial(ms: Sequence[Message]) -> Sent:
-        return Sent([TIMEOUT if m.id == "m2" else ACKED for m in ms], waited_s=15)
+        return Sent([Confirm.TIMEOUT if m.id == "m2" else Confirm.ACKED for m in ms], waited_s=15)
 
     conn = FakeConnection()
     pipeline, transport = _pipeline(conn, partial)
@@ -159,9 +162,10 @@ async def test_publish__a_destination_that_stops_confirming_is_left_alone_then_t
     broker another copy. Now its destination is silent for a while: its rows are postponed
     (no attempt counted), the others flow, and then one message goes alone as a trial."""
     def shared_answer(ms: Sequence[Message]) -> Sent:
-        return Sent([TIMEOUT if m.exchange == "quorum" else ACKED for m in ms], waited_s=15)
+        return Sent([Confirm.TIMEOUT if m.exchange == "quorum" else ACK for m in ms],
+                    waited_s=15)
 
-    pipeline, shared, probe = _probed(FakeConnection(), lambda ms: Sent([ACKED]),
+    pipeline, shared, probe = _probed(FakeConnection(), lambda ms: Sent([Confirm.ACKED]),
                                       *[shared_answer] * 5)
     now = asyncio.get_running_loop().time()
     pipeline.destinations.prove("x", "rk", now)
@@ -194,7 +198,7 @@ async def test_publish__nothing_confirmed_but_the_broker_answers_is_a_silent_des
     """A batch holding only a silent destination's rows dropped the whole broker connection
     (reconnected at once, every pass); a check answered by the broker says it is alive."""
     def silent(ms: Sequence[Message]) -> Sent:
-        return Sent([TIMEOUT] * len(ms), waited_s=15)
+        return Sent([Confirm.TIMEOUT] * len(ms), waited_s=15)
 
     conn = FakeConnection(answering=True)
     pipeline, _ = _pipeline(conn, silent)
@@ -260,11 +264,11 @@ async def test_bulk_send__one_write_settled_from_multiple_acks_nacks_and_returns
     frame = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
     assert frame.payload.count(b"\xce") == 12  # method, header, body per message, one write
     channel.returns.by_row["m1"] = "returned (312 NO_ROUTE)"
-    channel.tracker.on_confirm(2, True, ACKED)
-    channel.tracker.on_confirm(3, False, NACKED)
-    channel.tracker.on_confirm(4, False, ACKED)
+    channel.tracker.on_confirm(2, True, Confirm.ACKED)
+    channel.tracker.on_confirm(3, False, Confirm.NACKED)
+    channel.tracker.on_confirm(4, False, Confirm.ACKED)
     sent = await asyncio.wait_for(task, timeout=5)
-    assert sent.status == [ACKED, ACKED, NACKED, ACKED]
+    assert sent.status == [Confirm.ACKED, Confirm.ACKED, Confirm.NACKED, Confirm.ACKED]
     assert sent.returned == {"m1": "returned (312 NO_ROUTE)"}
 
 
@@ -273,9 +277,9 @@ async def test_bulk_send__unconfirmed_rows_time_out_and_later_confirms_are_ignor
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(bulk.send(BATCH[:2], loop.time() + 0.3))
     await channel.raw.write_queue.get()
-    channel.tracker.on_confirm(1, False, ACKED)
+    channel.tracker.on_confirm(1, False, Confirm.ACKED)
     sent = await task
-    assert sent.status == [ACKED, TIMEOUT]
+    assert sent.status == [Confirm.ACKED, Confirm.TIMEOUT]
     assert sent.heard
     assert not channel.tracker.ranges
 
@@ -285,7 +289,7 @@ async def test_bulk_send__a_writer_that_takes_nothing_leaves_the_pass_not_sent()
     channel.raw.write_queue.put_nowait(object())  # the writer is stuck (blocked broker)
     loop = asyncio.get_running_loop()
     sent = await asyncio.wait_for(bulk.send(BATCH[:3], loop.time() + 0.2), timeout=5)
-    assert sent.status == [NOT_SENT] * 3
+    assert sent.status == [Confirm.NOT_SENT] * 3
     assert channel.tracker.next_tag == 1, "the tags are given back: numbering stays exact"
 
 
@@ -302,9 +306,9 @@ async def test_bulk_send__a_deadline_between_writes_keeps_what_was_confirmed_and
     task = asyncio.ensure_future(bulk.send(big, loop.time() + 0.3))
     first = await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
     assert 1_200_000 < len(first.payload) < 1_300_000  # two whole messages in the first write
-    channel.tracker.on_confirm(1, False, ACKED)  # the write's drain never completes: slow
+    channel.tracker.on_confirm(1, False, Confirm.ACKED)  # the write's drain never completes: slow
     sent = await asyncio.wait_for(task, timeout=5)
-    assert sent.status == [ACKED, TIMEOUT, NOT_SENT, NOT_SENT]
+    assert sent.status == [Confirm.ACKED, Confirm.TIMEOUT, Confirm.NOT_SENT, Confirm.NOT_SENT]
     assert not channel.closed
     assert channel.tracker.next_tag == 3
 
@@ -319,9 +323,9 @@ async def test_bulk_send__returns_are_read_from_the_channel_the_pass_went_on() -
     await asyncio.wait_for(channel.raw.write_queue.get(), timeout=5)
     channel.returns.by_row["m0"] = "returned (312 NO_ROUTE)"
     bulk._confirm, _ = _bulk()[1], None  # reopened: a new channel, its own returns
-    channel.tracker.on_confirm(2, True, ACKED)
+    channel.tracker.on_confirm(2, True, Confirm.ACKED)
     sent = await asyncio.wait_for(task, timeout=5)
-    assert sent.status == [ACKED, ACKED]
+    assert sent.status == [Confirm.ACKED, Confirm.ACKED]
     assert sent.returned == {"m0": "returned (312 NO_ROUTE)"}
 
 
@@ -336,7 +340,7 @@ async def test_bulk_send__a_channel_closed_between_writes_gets_no_more_frames() 
     first.drain()  # the writer drained the first write: the pass would write the next
     sent = await asyncio.wait_for(task, timeout=5)
     assert channel.raw.write_queue.empty(), "a write went to a closed channel's number"
-    assert sent.status == [LOST, LOST, NOT_SENT, NOT_SENT]
+    assert sent.status == [Confirm.LOST, Confirm.LOST, Confirm.NOT_SENT, Confirm.NOT_SENT]
 
 
 async def test_publish__a_cancelled_error_from_the_library_is_a_lost_broker_not_a_stop() -> None:
@@ -357,7 +361,7 @@ async def test_publish__a_real_cancellation_still_stops_the_publish() -> None:
     release = asyncio.Event()
 
     def slow(ms: Sequence[Message]) -> Sent:
-        return Sent([ACKED] * len(ms))
+        return Sent([Confirm.ACKED] * len(ms))
 
     class Waiting(ScriptedTransport):
         async def send(self, messages: Sequence[Message], deadline: float) -> Sent:
@@ -389,7 +393,7 @@ def _to(exchange: str, *ids: str) -> list[Message]:
 
 async def test_probe__the_first_message_to_a_new_exchange_goes_alone_then_the_rest_share() -> None:
     batch = [*_to("a", "a0", "a1"), *_to("b", "b0", "b1", "b2")]
-    pipeline, shared, probe = _probed(FakeConnection(), lambda ms: Sent([ACKED]))
+    pipeline, shared, probe = _probed(FakeConnection(), lambda ms: Sent([Confirm.ACKED]))
     result = await pipeline.publish(batch)
     assert probe.sends == [["a0"], ["b0"]]
     assert shared.sends == [["a1", "b1", "b2"]]
@@ -405,9 +409,9 @@ async def test_probe__a_refusing_exchange_costs_no_other_message_and_is_remember
     unconfirmed messages were re-sent (duplicates) and a good row could be blamed."""
     def probe_answer(ms: Sequence[Message]) -> Sent:
         if ms[0].exchange == "amq.rabbitmq.trace":
-            return Sent([LOST], closed_by_broker="ACCESS_REFUSED - cannot publish to internal "
-                                                 "exchange")
-        return Sent([ACKED])
+            return Sent([Confirm.LOST],
+                        closed_by_broker="ACCESS_REFUSED - cannot publish to internal exchange")
+        return Sent([Confirm.ACKED])
 
     batch = [*_to("good", "g0", "g1"), *_to("amq.rabbitmq.trace", "t0", "t1")]
     pipeline, shared, probe = _probed(FakeConnection(), probe_answer)
@@ -426,12 +430,12 @@ async def test_probe__after_a_shared_channel_close_the_rest_go_one_by_one_on_the
     """Isolation on the shared channel could be caught by another lane's message closing
     it, and a good row blamed; on the probe channel nothing else is in flight."""
     def closed(ms: Sequence[Message]) -> Sent:
-        return Sent([ACKED] + [LOST] * (len(ms) - 1), closed_by_broker="ACCESS_REFUSED")
+        return Sent([ACK] + [Confirm.LOST] * (len(ms) - 1), closed_by_broker="ACCESS_REFUSED")
 
     def probe_answer(ms: Sequence[Message]) -> Sent:
         if ms[0].exchange == "y":  # its write permission was revoked after it was proven
-            return Sent([LOST], closed_by_broker="ACCESS_REFUSED - write access")
-        return Sent([ACKED])
+            return Sent([Confirm.LOST], closed_by_broker="ACCESS_REFUSED - write access")
+        return Sent([Confirm.ACKED])
 
     batch = [*_to("x", "m0", "m1"), *_to("y", "m2", "m5"), *_to("x", "m3", "m4")]
     pipeline, shared, probe = _probed(FakeConnection(), probe_answer, closed)
@@ -465,7 +469,7 @@ async def test_probe__an_open_the_library_cancels_leaves_rows_unsent_not_a_crash
 async def test_probe__a_404_close_is_exchange_not_found_not_a_channel_close() -> None:
     """When the passive check could not run, the broker's 404 on the probe names the fault."""
     def probe_answer(ms: Sequence[Message]) -> Sent:
-        return Sent([LOST], closed_by_broker="NOT_FOUND - no exchange 'gone' in vhost '/'")
+        return Sent([Confirm.LOST], closed_by_broker="NOT_FOUND - no exchange 'gone' in vhost '/'")
 
     pipeline, _, _ = _probed(FakeConnection(), probe_answer)
     result = await pipeline.publish(_to("gone", "g0", "g1"))
@@ -486,8 +490,8 @@ async def test_probe__a_refused_routing_key_fails_only_its_own_rows() -> None:
     rows of other routing keys failed with it (and were parked after their attempts)."""
     def probe_answer(ms: Sequence[Message]) -> Sent:
         if ms[0].routing_key.startswith("denied"):
-            return Sent([LOST], closed_by_broker=TOPIC_CLOSE)
-        return Sent([ACKED])
+            return Sent([Confirm.LOST], closed_by_broker=TOPIC_CLOSE)
+        return Sent([Confirm.ACKED])
 
     batch = _keyed("orders", ("d0", "denied.1"), ("d1", "denied.1"), ("g0", "ok.1"),
                    ("g1", "ok.2"))
@@ -513,13 +517,13 @@ async def test_probe__a_denied_routing_key_closes_the_shared_channel_once_per_ex
     denied routing key is found on the probe channel, not on the shared one."""
     def shared_answer(ms: Sequence[Message]) -> Sent:
         if any(m.routing_key.startswith("denied") for m in ms):
-            return Sent([ACKED] + [LOST] * (len(ms) - 1), closed_by_broker=TOPIC_CLOSE)
-        return Sent([ACKED] * len(ms))
+            return Sent([ACK] + [Confirm.LOST] * (len(ms) - 1), closed_by_broker=TOPIC_CLOSE)
+        return Sent([Confirm.ACKED] * len(ms))
 
     def probe_answer(ms: Sequence[Message]) -> Sent:
         if ms[0].routing_key.startswith("denied"):
-            return Sent([LOST], closed_by_broker=TOPIC_CLOSE)
-        return Sent([ACKED])
+            return Sent([Confirm.LOST], closed_by_broker=TOPIC_CLOSE)
+        return Sent([Confirm.ACKED])
 
     pipeline, shared, probe = _probed(FakeConnection(), probe_answer, *[shared_answer] * 5)
     pipeline.destinations.prove("orders", "ok.1", asyncio.get_running_loop().time())
@@ -541,12 +545,13 @@ async def test_probe__a_row_that_closed_a_channel_goes_alone_at_its_next_attempt
     """It rode the shared channel again at its next attempt and closed it again, under every
     lane's messages (each re-sent: duplicates)."""
     def closed(ms: Sequence[Message]) -> Sent:
-        return Sent([ACKED] + [LOST] * (len(ms) - 1), closed_by_broker="PRECONDITION_FAILED")
+        return Sent([ACK] + [Confirm.LOST] * (len(ms) - 1),
+                    closed_by_broker="PRECONDITION_FAILED")
 
     def probe_answer(ms: Sequence[Message]) -> Sent:
         if ms[0].id == "bad":
-            return Sent([LOST], closed_by_broker="PRECONDITION_FAILED - invalid arg")
-        return Sent([ACKED])
+            return Sent([Confirm.LOST], closed_by_broker="PRECONDITION_FAILED - invalid arg")
+        return Sent([Confirm.ACKED])
 
     pipeline, shared, probe = _probed(FakeConnection(), probe_answer, closed)
     pipeline.destinations.prove("x", "rk", asyncio.get_running_loop().time())
@@ -592,6 +597,6 @@ async def test_bulk_send__the_brokers_channel_close_stops_the_writes_at_once() -
     channel.raw.is_closed = True  # aiormq catches up
     channel.raw.closing.set_result(None)
     sent = await asyncio.wait_for(task, timeout=5)
-    assert sent.status == [LOST, LOST, NOT_SENT, NOT_SENT]
+    assert sent.status == [Confirm.LOST, Confirm.LOST, Confirm.NOT_SENT, Confirm.NOT_SENT]
     assert sent.closed_by_broker is not None
     assert "NOT_FOUND" in sent.closed_by_broker
