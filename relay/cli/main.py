@@ -62,7 +62,7 @@ def secrets_dir() -> str | None:
 
 def load_settings() -> Settings:
     """Read settings; an unknown variable or a bad value raises ConfigError naming it."""
-    from relay.config import check_variables
+    from relay.cli.config import check_variables
     from relay.errors import ConfigError
 
     check_variables()
@@ -156,7 +156,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     """Print the effective configuration, secrets redacted."""
-    from relay.config import effective, version
+    from relay.cli.config import effective
+    from relay.version import version
 
     rows = effective(settings)
     if args.json:
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=fmt,
     )
-    from relay.config import version
+    from relay.version import version
 
     parser.add_argument("--version", action="version", version=f"relay {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

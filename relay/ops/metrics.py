@@ -26,9 +26,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from relay.config import build_labels
 from relay.errors import RelayError
 from relay.interfaces import Kind, OutboxRow, Reason, Verdict
+from relay.version import build_labels
 
 log = structlog.get_logger("relay.ops.metrics")
 

@@ -243,7 +243,7 @@ def test_compose__healthchecks_mean_ready() -> None:
 
 def test_compose__each_service_command_user_and_dependencies_fit_what_the_relay_needs() -> None:
     from relay import dsn
-    from relay.config import known_variables
+    from relay.cli.config import known_variables
     from relay.pg.roles import DEFAULT_RELAY_ROLE
 
     services = _compose()["services"]

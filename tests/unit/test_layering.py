@@ -108,9 +108,9 @@ def test_cli__commands_open_the_database_through_pg_never_a_connection_of_their_
 
 
 # The doors: where the settings are read and turned into the small typed configs the rest take
-# (relay/pg/config.py's DatabaseConfig, the worker's WorkerConfig, ...). relay/config.py checks
-# the environment itself; relay/spark/config.py is the Spark writer's own door.
-SETTINGS_DOORS = ("app.py", "cli/", "config.py", "spark/config.py")
+# (relay/pg/config.py's DatabaseConfig, the worker's WorkerConfig, ...). relay/spark/config.py
+# is the door of the Spark writer, a library users call from their own jobs.
+SETTINGS_DOORS = ("app.py", "cli/", "spark/config.py")
 
 
 def test_only_the_doors_read_the_settings() -> None:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
-import platform
 from collections.abc import Iterable, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +23,6 @@ PREFIX = "RELAY_"
 EXTRA_VARIABLES = {"RELAY_SECRETS_DIR"}
 # The test suite's own variables (tests/services.py), never read by the relay.
 RESERVED_PREFIXES = ("RELAY_TEST_",)
-
-
-def version() -> str:
-    """The installed package's version."""
-    try:
-        return metadata.version("outbox-relay")
-    except metadata.PackageNotFoundError:  # pragma: no cover - a source tree without install
-        return "0+unknown"
-
-
-def build_labels() -> dict[str, str]:
-    """Labels of the relay_build_info metric."""
-    return {"version": version(), "python": platform.python_version()}
 
 
 def env_names(field_name: str) -> list[str]:
