@@ -11,10 +11,11 @@ Below that floor, at that time, every row was either claimed (and is being publi
 lane or another), not yet committed, or not due yet. The rows that can still turn up below it
 are the exceptions: a producer transaction that committed more than `LAG_S` after its INSERT,
 a retried or delayed row coming due, rows a failed batch or a dead relay released. A periodic
-*sweep* claims from the very start to find those: at least every `SWEEP_EVERY_S`, and less
-often when a sweep is expensive (a sweep may take at most `SWEEP_SHARE` of the time), at once
-after a floored claim found nothing, and whenever there is no floor old enough. A sweep that
-finds a row below the floor drops every floor (they wait `LAG_S` again).
+*rescan* claims from the very start to find those: at least every `RESCAN_EVERY_S`, and less
+often when a rescan is expensive (a rescan may take at most `RESCAN_SHARE` of the time), at
+once after a floored claim found nothing, and whenever there is no floor old enough. A rescan
+that finds a row below the floor drops every floor (they wait `LAG_S` again). (A *sweep* is
+something else: the claims a wake-up runs until the backlog is drained.)
 
 Pure bookkeeping, no I/O: the store asks `start()` before each claim and tells `claimed()`
 what came back.
@@ -27,48 +28,48 @@ from collections import deque
 from collections.abc import Callable
 
 # A claim from the very start of the index: every seq is >= this.
-SWEEP = -(2**63)
+FROM_START = -(2**63)
 LAG_S = 1.0
-SWEEP_EVERY_S = 1.0
-SWEEP_SHARE = 0.05
+RESCAN_EVERY_S = 1.0
+RESCAN_SHARE = 0.05
 
 
 class SeqFloor:
     """The floor of the next unkeyed claim, shared by the lanes of one relay process."""
 
-    def __init__(self, *, lag_s: float = LAG_S, sweep_every_s: float = SWEEP_EVERY_S,
-                 sweep_share: float = SWEEP_SHARE,
+    def __init__(self, *, lag_s: float = LAG_S, rescan_every_s: float = RESCAN_EVERY_S,
+                 rescan_share: float = RESCAN_SHARE,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._lag_s = lag_s
-        self._sweep_every_s = sweep_every_s
-        self._sweep_share = sweep_share
+        self._rescan_every_s = rescan_every_s
+        self._rescan_share = rescan_share
         self._clock = clock
         # (when, lowest seq a claim got back), oldest first.
         self._marks: deque[tuple[float, int]] = deque()
-        self._sweep_at = 0.0  # the first claim sweeps
-        self.sweeps = 0
+        self._rescan_at = 0.0  # the first claim rescans
+        self.rescans = 0
 
     def start(self) -> int:
-        """The lowest seq the next claim may return (SWEEP: from the start of the index)."""
+        """The lowest seq the next claim may return (FROM_START: from the start of the index)."""
         now = self._clock()
-        if now >= self._sweep_at:
-            return SWEEP
+        if now >= self._rescan_at:
+            return FROM_START
         floor = self._floor(now)
-        return SWEEP if floor is None else floor
+        return FROM_START if floor is None else floor
 
     def claimed(self, floor: int, lowest: int | None, elapsed_s: float) -> None:
         """A claim that started at `floor` took `elapsed_s` and got back rows from `lowest` up
         (None: no unkeyed row)."""
         now = self._clock()
-        if floor == SWEEP:
-            self.sweeps += 1
-            self._sweep_at = now + max(self._sweep_every_s, elapsed_s / self._sweep_share)
+        if floor == FROM_START:
+            self.rescans += 1
+            self._rescan_at = now + max(self._rescan_every_s, elapsed_s / self._rescan_share)
             current = self._floor(now)
             if lowest is not None and current is not None and lowest < current:
                 self._marks.clear()
         elif lowest is None:
             # Nothing above the floor: whatever is due lies below it (or nothing is).
-            self._sweep_at = 0.0
+            self._rescan_at = 0.0
         if lowest is not None:
             self._marks.append((now, lowest))
         self._prune(now)

@@ -31,7 +31,7 @@ from relay.pg.connection import (
 )
 from relay.pg.queries import Queries
 from relay.pg.schema import require_current
-from relay.pg.seqfloor import SWEEP, SeqFloor
+from relay.pg.seqfloor import FROM_START, SeqFloor
 from relay.pg.status import backlog_figures
 
 
@@ -130,7 +130,7 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     """
     more = False
     if express:
-        start = floor.start() if floor is not None else SWEEP
+        start = floor.start() if floor is not None else FROM_START
         records = list(await conn.fetch(q["claim_express"], limit, opts.max_bytes, start,
                                         None if after is None else str(after),
                                         opts.max_message_bytes))
@@ -146,7 +146,7 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
                      seen)
         more = walk.more
     else:
-        start = floor.start() if floor is not None else SWEEP
+        start = floor.start() if floor is not None else FROM_START
         started = time.monotonic()
         key_from = keys.start if keys is not None else None
         records = list(await conn.fetch(q["claim"], limit, opts.keys_per_batch,
@@ -381,13 +381,13 @@ class Outbox:
             return
         q, opts = self.q, self.claim_options
         if express:
-            await conn.execute(q["claim_express"], 0, 0, SWEEP, None, opts.max_message_bytes)
+            await conn.execute(q["claim_express"], 0, 0, FROM_START, None, opts.max_message_bytes)
         elif opts.fence:
             await conn.execute(q["claim_single_active"], 0, opts.block_on_dead, 0,
                                opts.max_message_bytes, 0, 0)
         else:
             await conn.execute(q["claim"], 0, opts.keys_per_batch, opts.block_on_dead, 0,
-                               SWEEP, True, None, opts.max_message_bytes, None)
+                               FROM_START, True, None, opts.max_message_bytes, None)
         name = ("archive_published" if self._on_success is OnSuccess.ARCHIVE
                 else "delete_published")
         await conn.execute(q[name], [])

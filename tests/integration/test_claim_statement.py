@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from relay.pg.queries import Queries, TableNames
-from relay.pg.seqfloor import SWEEP
+from relay.pg.seqfloor import FROM_START
 from tests.helpers import pg_session
 
 CLAIM = Queries(TableNames(None, "queue_message", "queue_message_notify"))["claim"]
@@ -22,7 +22,7 @@ async def _claimed(conn: asyncpg.Connection, limit: int, keyed_first: bool,
     tx = conn.transaction()
     await tx.start()
     try:
-        rows = await conn.fetch(CLAIM, limit, KEYS_PER_BATCH, False, max_bytes, SWEEP,
+        rows = await conn.fetch(CLAIM, limit, KEYS_PER_BATCH, False, max_bytes, FROM_START,
                                 keyed_first, None, MAX_MESSAGE, None)
         locks = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
@@ -103,7 +103,7 @@ async def _claim_reading(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record]
     await tx.start()
     try:
         before = int(await conn.fetchval(count))
-        rows = await claim.fetch(500, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, None,
+        rows = await claim.fetch(500, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, FROM_START, False, None,
                                      MAX_MESSAGE, None)
         read = int(await conn.fetchval(count)) - before
     finally:
@@ -133,10 +133,10 @@ async def test_claim__the_express_lane_takes_newer_transactions_and_the_drain_th
         await tx.start()
         try:
             drain = {r["seq"] for r in await conn.fetch(
-                CLAIM, 100, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP, False, str(base),
+                CLAIM, 100, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, FROM_START, False, str(base),
                 MAX_MESSAGE, None)}
             lane = {r["seq"] for r in await conn.fetch(
-                express, 64, NO_BYTE_LIMIT, SWEEP, str(base), MAX_MESSAGE)}
+                express, 64, NO_BYTE_LIMIT, FROM_START, str(base), MAX_MESSAGE)}
         finally:
             await tx.rollback()
     assert len(drain) == 100

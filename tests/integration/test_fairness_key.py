@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncpg
 
 from relay.pg.queries import Queries, TableNames
-from relay.pg.seqfloor import SWEEP
+from relay.pg.seqfloor import FROM_START
 from relay.pg.store import FairKeyCursor
 from tests.helpers import pg_session
 
@@ -34,7 +34,7 @@ async def _claims_until(conn: asyncpg.Connection, tag: str, cursor: FairKeyCurso
     for n in range(1, most + 1):
         async with conn.transaction():
             start = cursor.start
-            records = await conn.fetch(CLAIM, BATCH, 16, False, NO_BYTE_LIMIT, SWEEP, False,
+            records = await conn.fetch(CLAIM, BATCH, 16, False, NO_BYTE_LIMIT, FROM_START, False,
                                        None, MAX_MESSAGE, start)
             cursor.served(start, [r["fair_key"] for r in records if r["fair_key"] is not None])
             await conn.execute("DELETE FROM queue_message WHERE seq = ANY($1::bigint[])",
@@ -84,8 +84,8 @@ async def test_fairness_key__the_next_claim_goes_on_after_the_last_key_served(db
         for _ in range(2):
             async with conn.transaction():
                 start = cursor.start
-                records = await conn.fetch(CLAIM, BATCH, 16, False, NO_BYTE_LIMIT, SWEEP, False,
-                                           None, MAX_MESSAGE, start)
+                records = await conn.fetch(CLAIM, BATCH, 16, False, NO_BYTE_LIMIT, FROM_START,
+                                           False, None, MAX_MESSAGE, start)
                 keys = [r["fair_key"] for r in records if r["fair_key"] is not None]
                 cursor.served(start, keys)
                 served.append(set(keys))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncpg
 
 from relay.pg.queries import Queries, TableNames
-from relay.pg.seqfloor import SWEEP
+from relay.pg.seqfloor import FROM_START
 from tests.helpers import pg_session
 
 CLAIM = Queries(TableNames(None, "queue_message", "queue_message_notify"))["claim"]
@@ -59,7 +59,7 @@ async def _claim_reading(conn: asyncpg.Connection, keyed_first: bool,
     await tx.start()
     try:
         before = await conn.fetchval(read)
-        rows = await conn.fetch(CLAIM, LIMIT, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, SWEEP,
+        rows = await conn.fetch(CLAIM, LIMIT, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, FROM_START,
                                 keyed_first, None, MAX_MESSAGE, None)
         after = await conn.fetchval(read)
     finally:

@@ -7,7 +7,7 @@ import asyncpg
 import pytest
 
 from relay.pg.queries import Queries, TableNames
-from relay.pg.seqfloor import SWEEP
+from relay.pg.seqfloor import FROM_START
 from tests.helpers import Env, RelayProcess, insert_rows, pg_session, wait_until
 
 BARE = Queries(TableNames(None, "queue_message", "queue_message_notify"))
@@ -45,8 +45,8 @@ async def test_ordering_key_lock__is_keyed_on_the_table_oid(db: str) -> None:
     async with pg_session(db) as conn:
         await conn.execute("UPDATE queue_message SET ordering_key = 'k'")
         async with conn.transaction():
-            rows = await conn.fetch(QUALIFIED["claim"], 10, 4, False, 1 << 30, SWEEP, True, None,
-                                    16 << 20, None)
+            rows = await conn.fetch(QUALIFIED["claim"], 10, 4, False, 1 << 30, FROM_START, True,
+                                    None, 16 << 20, None)
             locks = await conn.fetch(
                 "SELECT classid::bigint AS high, objid::bigint AS low FROM pg_locks "
                 "WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid()")

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from relay.pg.queries import Queries
-from relay.pg.seqfloor import SWEEP
+from relay.pg.seqfloor import FROM_START
 from tests.conftest import NAMES
 from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_session, wait_until
 
@@ -58,7 +58,7 @@ async def test_with_the_horizon_pinned__a_floored_claim_steps_over_none_of_the_d
             "SELECT seq FROM queue_message ORDER BY seq OFFSET 29500 LIMIT 1")
         await conn.execute("DELETE FROM queue_message WHERE seq < $1", live_from)
         claim = Queries(NAMES)["claim"]
-        bottom = await _index_entries_read(conn, claim, 500, 16, False, 24 << 20, SWEEP, False,
+        bottom = await _index_entries_read(conn, claim, 500, 16, False, 24 << 20, FROM_START, False,
                                             None, 16 << 20, None)
         floored = await _index_entries_read(conn, claim, 500, 16, False, 24 << 20, live_from,
                                             False, None, 16 << 20, None)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relay.pg.queries import Queries
-from relay.pg.seqfloor import SWEEP
+from relay.pg.seqfloor import FROM_START
 from relay.pg.store import FairKeyCursor
 from tests.conftest import NAMES
 
@@ -98,7 +98,7 @@ async def _run(dsn: str, mix: list[Txn]) -> None:
             async with conn.transaction():
                 start = keys.start
                 records = await conn.fetch(
-                    claim, BATCH, KEYS_PER_BATCH, False, 1 << 30, SWEEP, keyed_first, None,
+                    claim, BATCH, KEYS_PER_BATCH, False, 1 << 30, FROM_START, keyed_first, None,
                     16 << 20, start)
                 keys.served(start, [r["fair_key"] for r in records if r["fair_key"] is not None])
                 got = [r["seq"] for r in records]

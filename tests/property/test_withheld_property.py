@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from relay.pg.queries import Queries
-from relay.pg.seqfloor import SWEEP
+from relay.pg.seqfloor import FROM_START
 from tests.conftest import NAMES
 
 Q = Queries(NAMES)
@@ -32,8 +32,9 @@ async def _claims(conn: asyncpg.Connection, limit: int) -> dict[str, list[asyncp
     """Each statement's claim of every row, each in a transaction rolled back."""
     out = {}
     for name, args in (
-        ("claim", (Q["claim"], 1000, 64, False, NO_BYTE_LIMIT, SWEEP, True, None, limit, None)),
-        ("claim_express", (Q["claim_express"], 64, NO_BYTE_LIMIT, SWEEP, "0", limit)),
+        ("claim", (Q["claim"], 1000, 64, False, NO_BYTE_LIMIT, FROM_START, True, None, limit,
+                   None)),
+        ("claim_express", (Q["claim_express"], 64, NO_BYTE_LIMIT, FROM_START, "0", limit)),
         ("claim_single_active", (Q["claim_single_active"], 1000, False, NO_BYTE_LIMIT, limit,
                                  0, 4064)),
     ):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.pg.seqfloor import SWEEP, SeqFloor
+from relay.pg.seqfloor import FROM_START, SeqFloor
 
 
 class Clock:
@@ -15,16 +15,16 @@ class Clock:
 
 def _floor(**kw: float) -> tuple[SeqFloor, Clock]:
     clock = Clock()
-    return SeqFloor(lag_s=1.0, sweep_every_s=1.0, sweep_share=0.05, clock=clock, **kw), clock
+    return SeqFloor(lag_s=1.0, rescan_every_s=1.0, rescan_share=0.05, clock=clock, **kw), clock
 
 
-def test_the_first_claim_sweeps_and_a_floor_needs_a_claim_at_least_the_lag_old() -> None:
+def test_the_first_claim_rescans_and_a_floor_needs_a_claim_at_least_the_lag_old() -> None:
     floor, clock = _floor()
-    assert floor.start() == SWEEP
-    floor.claimed(SWEEP, 10, 0.001)
+    assert floor.start() == FROM_START
+    floor.claimed(FROM_START, 10, 0.001)
     clock.now += 0.5
-    assert floor.start() == SWEEP  # the only mark is younger than the lag
-    floor.claimed(SWEEP, 510, 0.001)
+    assert floor.start() == FROM_START  # the only mark is younger than the lag
+    floor.claimed(FROM_START, 510, 0.001)
     clock.now += 0.6
     assert floor.start() == 10  # the newest mark at least 1 s old, not the younger 510
 
@@ -39,47 +39,47 @@ def test_a_floor_follows_the_claims_with_the_lag() -> None:
         start = floor.start()
         starts.append(start)
         floor.claimed(start, next(seqs), 0.001)
-    floored = [s for s in starts if s != SWEEP]
+    floored = [s for s in starts if s != FROM_START]
     assert floored == sorted(floored)
     assert floored[-1] > 10_000
     # Every floor is a claim's lowest seq from at least 1 s (10 claims) earlier.
-    assert all(s <= 1 + 500 * (i - 9) for i, s in enumerate(starts, 1) if s != SWEEP)
+    assert all(s <= 1 + 500 * (i - 9) for i, s in enumerate(starts, 1) if s != FROM_START)
 
 
-def test_sweeps_come_at_least_every_second__and_rarer_when_they_are_expensive() -> None:
+def test_rescans_come_at_least_every_second__and_rarer_when_they_are_expensive() -> None:
     floor, clock = _floor()
     floor.claimed(floor.start(), 1, 0.001)
     kinds = []
     for i in range(50):  # 5 s
         clock.now += 0.1
         start = floor.start()
-        kinds.append(start == SWEEP)
+        kinds.append(start == FROM_START)
         floor.claimed(start, 1000 + i * 500, 0.001)
     # The first second has no floor old enough (every claim starts at the bottom); then one
-    # sweep a second.
+    # rescan a second.
     assert all(kinds[:9]), kinds
     assert 3 <= sum(kinds[10:]) <= 5, kinds
-    # A sweep that took 0.2 s may come again only after 0.2 / 0.05 = 4 s.
+    # A rescan that took 0.2 s may come again only after 0.2 / 0.05 = 4 s.
     floor, clock = _floor()
     floor.claimed(floor.start(), 1, 0.2)
-    sweeps_at = []
+    rescans_at = []
     for i in range(100):  # 10 s
         clock.now += 0.1
         start = floor.start()
-        if start == SWEEP:
-            sweeps_at.append(round(clock.now - 100.0, 1))
-        floor.claimed(start, 1000 + i * 500, 0.2 if start == SWEEP else 0.001)
-    # Floorless claims of the first second (each an expensive sweep, 0.2 s), then the next
-    # sweep 4 s after the last of them.
-    first_second = [t for t in sweeps_at if t <= 1.0]
-    later = [t for t in sweeps_at if t > 1.0]
-    assert len(first_second) >= 9, sweeps_at
-    assert len(later) == 2, sweeps_at
+        if start == FROM_START:
+            rescans_at.append(round(clock.now - 100.0, 1))
+        floor.claimed(start, 1000 + i * 500, 0.2 if start == FROM_START else 0.001)
+    # Floorless claims of the first second (each an expensive rescan, 0.2 s), then the next
+    # rescan 4 s after the last of them.
+    first_second = [t for t in rescans_at if t <= 1.0]
+    later = [t for t in rescans_at if t > 1.0]
+    assert len(first_second) >= 9, rescans_at
+    assert len(later) == 2, rescans_at
     gaps = [b - a for a, b in zip([first_second[-1], *later], later, strict=False)]
-    assert all(4.0 <= g <= 4.2 for g in gaps), sweeps_at
+    assert all(4.0 <= g <= 4.2 for g in gaps), rescans_at
 
 
-def test_a_floored_claim_that_finds_nothing__makes_the_next_claim_a_sweep() -> None:
+def test_a_floored_claim_that_finds_nothing__makes_the_next_claim_a_rescan() -> None:
     floor, clock = _floor()
     floor.claimed(floor.start(), 5, 0.001)
     clock.now += 0.5
@@ -88,26 +88,26 @@ def test_a_floored_claim_that_finds_nothing__makes_the_next_claim_a_sweep() -> N
     start = floor.start()
     assert start == 5
     floor.claimed(start, None, 0.001)
-    assert floor.start() == SWEEP
+    assert floor.start() == FROM_START
 
 
-def test_a_sweep_that_finds_a_row_below_the_floor__drops_every_floor() -> None:
+def test_a_rescan_that_finds_a_row_below_the_floor__drops_every_floor() -> None:
     floor, clock = _floor()
     floor.claimed(floor.start(), 1000, 0.001)
     clock.now += 1.5
-    assert floor.start() == SWEEP  # periodic: 1.5 s since the first sweep
-    floor.claimed(SWEEP, 2000, 0.001)
+    assert floor.start() == FROM_START  # periodic: 1.5 s since the first rescan
+    floor.claimed(FROM_START, 2000, 0.001)
     clock.now += 0.1
     assert floor.start() == 1000
     floor.claimed(1000, 2500, 0.001)
     clock.now += 1.0
-    assert floor.start() == SWEEP
+    assert floor.start() == FROM_START
     # A late commit: row 7 below the floor turned up.
-    floor.claimed(SWEEP, 7, 0.001)
+    floor.claimed(FROM_START, 7, 0.001)
     clock.now += 0.1
-    assert floor.start() == SWEEP  # no floor old enough any more
+    assert floor.start() == FROM_START  # no floor old enough any more
     clock.now += 1.0
-    floor.claimed(SWEEP, 3000, 0.001)
+    floor.claimed(FROM_START, 3000, 0.001)
     clock.now += 0.1
     assert floor.start() == 7  # marks from after the drop only
 
