@@ -1,4 +1,5 @@
-"""RESULTS.md from a suite report (bench/run.py): what ran where, then every figure."""
+"""RESULTS.md and README's block from a suite report (`python -m bench`): what ran where, then
+every figure."""
 
 from __future__ import annotations
 
@@ -26,11 +27,15 @@ def _header(report: dict[str, Any]) -> list[str]:
     return [
         "# Benchmark results",
         "",
-        "Written by `bench/run.py` (do not edit by hand); raw runs in results.json beside it.",
+        "Written by `python -m bench` (do not edit by hand); raw runs in results.json beside it.",
         "",
         f"- date: {report['date']}  ·  run: {report['mode']}  ·  wall time: "
         f"{report['elapsed_s']:.0f} s",
         f"- command: `{report['command']}`",
+        "- scenarios: " + "; ".join(
+            f"{name} {e['date'][:16].replace('T', ' ')} UTC ({e['mode']}, load before "
+            f"{e['load_before'][0]:.1f}, `{e['command']}`)"
+            for name, e in report.get("scenarios", {}).items()),
         f"- notify mode: **{report['notify_mode']}** (the default `relay migrate` installs) "
         "unless a row says otherwise",
         f"- machine: {m['cpu']}, nproc {m['nproc']}, {m['memory_gb']} GB, Linux {m['kernel']}; "
@@ -204,8 +209,8 @@ def _render_fairness(s: dict[str, Any]) -> list[str]:
     return lines
 
 
-README_START = "<!-- bench/run.py --full writes this block from bench/results.json -->"
-README_END = "<!-- end of the block bench/run.py writes -->"
+README_START = "<!-- python -m bench --update-readme writes this block from bench/results.json -->"
+README_END = "<!-- end of the block python -m bench writes -->"
 
 
 def _cost_lines(s: dict[str, Any]) -> list[str]:

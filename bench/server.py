@@ -2,7 +2,7 @@
 
 The shared server of this machine runs with `autovacuum = off` (a setting of the machine's
 image, not of users' servers), so a backlog or churn figure taken there measures a server no
-user runs. `python -m bench.run --full` (and bench/horizon.py) start a cluster of their own
+user runs. `python -m bench` starts a cluster of its own
 with `initdb` and every default (fsync, autovacuum, shared_buffers...), on a free port, and
 remove it afterwards; a cluster an earlier, killed run left behind is removed at the start.
 """

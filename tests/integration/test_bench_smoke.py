@@ -17,7 +17,7 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     tmp_path: Path,
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -27,7 +27,10 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     assert report["notify_mode"] == default.value
     assert {"nproc", "memory_gb"} <= set(report["machine"])
     assert len(report["load_before"]) == 3
-    assert report["command"].startswith("python -m bench.run --smoke")
+    assert report["command"].startswith("python -m bench --smoke")
+    assert set(report["scenarios"]) == {"limits", "drain", "pinned", "tracing", "latency",
+                                        "producers", "fairness"}
+    assert all(len(e["load_before"]) == 3 for e in report["scenarios"].values())
     summary = report["summary"]
     assert {"classic_relay", "aio_pika_pipelined", "bulk_frames", "pg_claim_delete"} <= set(
         summary["limits"]

@@ -87,3 +87,20 @@ def test_records__keep_and_print_each_record(capsys: pytest.CaptureFixture[str])
     records.add({"run": 1, "p50_ms": 1.5})
     assert records == [{"run": 1, "p50_ms": 1.5}]
     assert capsys.readouterr().out == '{"run": 1, "p50_ms": 1.5}\n'
+
+
+def test_flatten__joins_each_scenarios_runs_into_the_suites_raw_results() -> None:
+    """A run of some scenarios replaces theirs and keeps the others (bench/__main__.py): the
+    report is computed from every scenario's runs, in the suite's order."""
+    from bench.__main__ import flatten
+
+    scenarios = {
+        "pinned": {"raw": {"drain": [{"kind": "pinned"}]}},
+        "limits": {"raw": {"limits": {"bulk_frames": [1]}}},
+        "drain": {"raw": {"drain": [{"kind": "scale"}]}},
+        "producers": {"raw": {"producers": [{"p": 1}], "triggers": [{"t": 1}]}},
+    }
+    raw = flatten(scenarios)
+    assert [d["kind"] for d in raw["drain"]] == ["scale", "pinned"]
+    assert raw["limits"] == {"bulk_frames": [1]}
+    assert (raw["producers"], raw["triggers"], raw["latency"]) == ([{"p": 1}], [{"t": 1}], [])

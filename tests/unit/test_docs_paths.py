@@ -1,4 +1,4 @@
-"""Docs and SQL comments name files of the relay (`relay/pg/store.py`, `bench/run.py`): each
+"""Docs and SQL comments name files of the relay (`relay/pg/store.py`, `bench/report.py`): each
 such path must exist, so a move or a rename cannot leave a reader at a file that is gone. A
 path after a commit (`00f8d6b:bench/compare/flow-nap.md`) names a file of git history."""
 

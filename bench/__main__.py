@@ -1,7 +1,14 @@
-"""One command for the whole suite: `python -m bench.run --full` (by hand) or `--smoke` (CI).
+"""The benchmark suite, one command: `python -m bench` (every scenario of the suite, by hand)
+or `--smoke` (CI), or `--scenario drain,latency` for some of them.
 
-Writes RESULTS.md (machine, date, versions, command, median and spread of every figure)
-and results.json into --out (default: bench/ for --full, a temporary folder for --smoke).
+Suite scenarios (each on a database and queue of its own): limits, drain, pinned, tracing,
+latency, producers, fairness. Beside them, scenarios with reports of their own, each taking its
+own options after `--`: spark (the Spark writers, bench/spark/run.py), trace-picture (README's
+trace picture, bench/trace_picture.py) and compare (two builds back to back, bench/compare.py).
+
+Writes results.json (every scenario's runs, each with its date, command and load average) and
+RESULTS.md into --out (default: bench/ for a full run, a temporary folder for --smoke); a run
+of some scenarios replaces theirs in an existing results.json and keeps the others.
 """
 
 from __future__ import annotations
@@ -170,32 +177,35 @@ async def _limits(env: BenchEnv, plan: Plan) -> dict[str, list[Figure]]:
     }
 
 
+async def _drain_kind(env: BenchEnv, kind: str, rows: int, runs: int, procs: int = 1, *,
+                      publisher: str = "bulk", pinned: bool = False) -> Figure:
+    figs = await repeat(env, runs, f"drain {kind} p={procs} {rows}", lambda: drain_once(
+        env, rows, processes=procs, publisher=publisher, pinned=pinned))
+    return {"kind": kind, "processes": procs, "batch_size": 500, "publisher": publisher,
+            "rows": rows, "pinned": pinned, "runs": figs}
+
+
 async def _drains(env: BenchEnv, plan: Plan) -> list[Figure]:
-    out: list[Figure] = []
-
-    async def add(kind: str, rows: int, runs: int, procs: int = 1, *,
-                  publisher: str = "bulk", pinned: bool = False) -> None:
-        figs = await repeat(env, runs, f"drain {kind} p={procs} {rows}", lambda: drain_once(
-            env, rows, processes=procs, publisher=publisher, pinned=pinned))
-        out.append({"kind": kind, "processes": procs, "batch_size": 500,
-                    "publisher": publisher, "rows": rows, "pinned": pinned, "runs": figs})
-
-    for procs in plan.processes:
-        await add("scale", plan.drain_rows, plan.runs, procs)
+    out = [await _drain_kind(env, "scale", plan.drain_rows, plan.runs, procs)
+           for procs in plan.processes]
     if plan.big_rows:
-        await add("big", plan.big_rows, 1)
-    if plan.pinned_rows:
-        # Back to back, the same size: the ratio is what a pinned horizon costs a drain.
-        await add("unpinned", plan.pinned_rows, 1)
-        await add("pinned", plan.pinned_rows, 1, pinned=True)
-    await add("simple", plan.simple_rows, plan.runs, publisher="simple")
-    out += await _tracing_drains(env, plan)
+        out.append(await _drain_kind(env, "big", plan.big_rows, 1))
+    out.append(await _drain_kind(env, "simple", plan.simple_rows, plan.runs,
+                                 publisher="simple"))
     return out
+
+
+async def _pinned(env: BenchEnv, plan: Plan) -> list[Figure]:
+    """Back to back, the same size: the ratio is what a pinned horizon costs a drain."""
+    if not plan.pinned_rows:
+        return []
+    return [await _drain_kind(env, "unpinned", plan.pinned_rows, 1),
+            await _drain_kind(env, "pinned", plan.pinned_rows, 1, pinned=True)]
 
 
 async def _tracing_drains(env: BenchEnv, plan: Plan) -> list[Figure]:
     """Drains of rows that carry a traceparent each, tracing off and on (exporting to a
-    local OTLP receiver, every trace sampled), alternating run by run (bench/tracing.py)."""
+    local OTLP receiver, every trace sampled), alternating run by run."""
     runs: dict[str, list[Figure]] = {"traced_off": [], "traced_on": []}
     with OtlpReceiver() as receiver:
         on = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
@@ -227,6 +237,10 @@ async def _latencies(env: BenchEnv, plan: Plan) -> list[Figure]:
     return out
 
 
+async def _fairness_scenario(plan: Plan) -> dict[str, Any]:
+    return {"fairness": await _fairness(plan)}
+
+
 async def _fairness(plan: Plan) -> list[Figure]:
     """Live rows beside a bulk job, with each number of relays, on a database of its own."""
     out: list[Figure] = []
@@ -251,32 +265,70 @@ async def _fairness(plan: Plan) -> list[Figure]:
     return out
 
 
-async def run_suite(plan: Plan) -> dict[str, Any]:
-    """Every scenario in one process, each on a database and queue of its own."""
-    results: dict[str, Any] = {}
-    env = await create_env("suite")
+async def _in_env(tag: str, work: Callable[[BenchEnv], Awaitable[Any]]) -> Any:
+    """`work` on a database and queue of its own, dropped afterwards."""
+    env = await create_env(tag)
     try:
-        results["limits"] = await _limits(env, plan)
-        results["drain"] = await _drains(env, plan)
-        results["latency"] = await _latencies(env, plan)
-        results["triggers"] = await trigger_costs(env, plan.trigger_rows, plan.runs)
-        await set_mode(env, DEFAULT_MODE)
+        return await work(env)
     finally:
         await servers_answer()
         await drop_env(env)
-    results["producers"] = []
+
+
+async def _producers(plan: Plan) -> dict[str, Any]:
+    out: list[Figure] = []
     modes = (NotifyMode.OFF, DEFAULT_MODE, *plan.other_modes)
     for situation in ("backlog", "live"):
-        env = await create_env(f"prod_{situation}")
-        try:
-            results["producers"] += await producer_rounds(
-                env, situation=situation, modes=modes, rounds=plan.producer_rounds,
-                seconds=plan.producer_s, backlog_rows=plan.producer_backlog)
-        finally:
-            await servers_answer()
-            await drop_env(env)
-    results["fairness"] = await _fairness(plan)
-    return results
+        out += await _in_env(f"prod_{situation}", lambda env, s=situation: producer_rounds(  # type: ignore[misc]
+            env, situation=s, modes=modes, rounds=plan.producer_rounds,
+            seconds=plan.producer_s, backlog_rows=plan.producer_backlog))
+    triggers = await _in_env("triggers", lambda env: trigger_costs(env, plan.trigger_rows,
+                                                                    plan.runs))
+    return {"producers": out, "triggers": triggers}
+
+
+async def _keyed(key: str, tag: str, work: Callable[[BenchEnv], Awaitable[Any]]) -> Any:
+    return {key: await _in_env(tag, work)}
+
+
+# Each suite scenario: its raw results, under the keys of the suite's raw results it fills.
+SUITE: dict[str, Callable[[Plan], Awaitable[dict[str, Any]]]] = {
+    "limits": lambda plan: _keyed("limits", "limits", lambda env: _limits(env, plan)),
+    "drain": lambda plan: _keyed("drain", "drain", lambda env: _drains(env, plan)),
+    "pinned": lambda plan: _keyed("drain", "pinned", lambda env: _pinned(env, plan)),
+    "tracing": lambda plan: _keyed("drain", "tracing", lambda env: _tracing_drains(env, plan)),
+    "latency": lambda plan: _keyed("latency", "latency", lambda env: _latencies(env, plan)),
+    "producers": _producers,
+    "fairness": _fairness_scenario,
+}
+# Scenarios with reports of their own (their options follow `--`).
+OWN_REPORTS = {"spark": "bench.spark.run", "trace-picture": "bench.trace_picture",
+               "compare": "bench.compare"}
+
+
+async def run_scenarios(plan: Plan, names: list[str]) -> dict[str, Any]:
+    """Each named suite scenario in turn; its raw results with its own provenance."""
+    out: dict[str, Any] = {}
+    for name in names:
+        load, date = load_before(), datetime.now(UTC).isoformat(timespec="seconds")
+        started = time.monotonic()
+        raw = await SUITE[name](plan)
+        out[name] = {"date": date, "load_before": load, "elapsed_s": time.monotonic() - started,
+                     "raw": raw}
+    return out
+
+
+def flatten(scenarios: dict[str, Any]) -> dict[str, Any]:
+    """The raw results of every scenario as one suite's: lists joined in the suite's order."""
+    raw: dict[str, Any] = {"limits": {}, "drain": [], "latency": [], "triggers": [],
+                           "producers": [], "fairness": []}
+    for name in SUITE:
+        for key, value in scenarios.get(name, {}).get("raw", {}).items():
+            if isinstance(value, dict):
+                raw[key].update(value)
+            else:
+                raw[key] += value
+    return raw
 
 
 def _cost(drains: list[Figure]) -> list[Figure]:
@@ -301,6 +353,39 @@ def _floor_summary(runs: list[Figure]) -> dict[str, Any]:
                              for probe in ("pg_commit", "amqp_confirm", "timer_late")}}
 
 
+def _ratios(drains: list[Figure], limits: dict[str, Any], one: Figure | None,
+            ) -> dict[str, float]:
+    """The ratios the targets are stated in, of what this report holds."""
+    kinds = {d["kind"]: d for d in drains}
+    big, pinned, unpinned = kinds.get("big"), kinds.get("pinned"), kinds.get("unpinned")
+    simple = next((d for d in drains if d["publisher"] == "simple"), None)
+    rate = one["msg_per_s"]["median"] if one is not None else 0.0
+    ratios: dict[str, float] = {}
+    for key, name, digits in (("bulk_frames", "relay_1p_vs_bulk_frame_limit", 2),
+                              ("classic_relay", "relay_1p_vs_classic", 1),
+                              ("aio_pika_pipelined", "relay_1p_vs_aio_pika_limit", 2),
+                              ("pg_claim_delete", "relay_1p_vs_pg_limit", 2)):
+        if rate and key in limits:
+            ratios[name] = round(rate / limits[key]["median"], digits)
+    for d in drains:
+        if d["processes"] > 1 and rate:
+            ratios[f"relay_{d['processes']}p_vs_1p"] = round(d["msg_per_s"]["median"] / rate, 2)
+    if big is not None and rate:
+        ratios["big_backlog_vs_small"] = round(big["msg_per_s"]["median"] / rate, 2)
+    if pinned is not None and unpinned is not None:
+        ratios["pinned_horizon_vs_unpinned"] = round(
+            pinned["msg_per_s"]["median"] / unpinned["msg_per_s"]["median"], 2)
+    if "traced_on" in kinds and "traced_off" in kinds:
+        ratios["tracing_on_vs_off"] = round(kinds["traced_on"]["msg_per_s"]["median"]
+                                            / kinds["traced_off"]["msg_per_s"]["median"], 3)
+        if rate:
+            ratios["traced_rows_vs_plain"] = round(kinds["traced_off"]["msg_per_s"]["median"]
+                                                   / rate, 2)
+    if simple is not None and rate:
+        ratios["relay_bulk_vs_simple_publisher"] = round(rate / simple["msg_per_s"]["median"], 2)
+    return ratios
+
+
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
     """Medians and spreads, and the ratios the targets are stated in (all from this run)."""
     limits = {k: summary([r["msg_per_s"] for r in v]) for k, v in results["limits"].items()}
@@ -320,33 +405,9 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                    | {k: summary([r[k] for r in entry["runs"]])
                       for k in ("achieved_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")}
                    | _floor_summary(entry["runs"]))
-    one = next(d for d in drains if d["processes"] == 1 and d["publisher"] == "bulk"
-               and d["kind"] == "scale")
-    kinds = {d["kind"]: d for d in drains}
-    big, pinned, unpinned = kinds.get("big"), kinds.get("pinned"), kinds.get("unpinned")
-    simple = next((d for d in drains if d["publisher"] == "simple"), None)
-    rate = one["msg_per_s"]["median"]
-    ratios = {
-        "relay_1p_vs_bulk_frame_limit": round(rate / limits["bulk_frames"]["median"], 2),
-        "relay_1p_vs_classic": round(rate / limits["classic_relay"]["median"], 1),
-        "relay_1p_vs_aio_pika_limit": round(rate / limits["aio_pika_pipelined"]["median"], 2),
-        "relay_1p_vs_pg_limit": round(rate / limits["pg_claim_delete"]["median"], 2),
-    }
-    for d in drains:
-        if d["processes"] > 1:
-            ratios[f"relay_{d['processes']}p_vs_1p"] = round(d["msg_per_s"]["median"] / rate, 2)
-    if big is not None:
-        ratios["big_backlog_vs_small"] = round(big["msg_per_s"]["median"] / rate, 2)
-    if pinned is not None and unpinned is not None:
-        ratios["pinned_horizon_vs_unpinned"] = round(
-            pinned["msg_per_s"]["median"] / unpinned["msg_per_s"]["median"], 2)
-    if "traced_on" in kinds and "traced_off" in kinds:
-        ratios["tracing_on_vs_off"] = round(kinds["traced_on"]["msg_per_s"]["median"]
-                                            / kinds["traced_off"]["msg_per_s"]["median"], 3)
-        ratios["traced_rows_vs_plain"] = round(kinds["traced_off"]["msg_per_s"]["median"]
-                                               / rate, 2)
-    if simple is not None:
-        ratios["relay_bulk_vs_simple_publisher"] = round(rate / simple["msg_per_s"]["median"], 2)
+    one = next((d for d in drains if d["processes"] == 1 and d["publisher"] == "bulk"
+                and d["kind"] == "scale"), None)
+    ratios = _ratios(drains, limits, one)
     producers = []
     for situation in dict.fromkeys(r["situation"] for r in results["producers"]):
         runs = [r for r in results["producers"] if r["situation"] == situation]
@@ -401,21 +462,42 @@ async def versions() -> dict[str, str]:
     return out
 
 
+def _own_report(module: str, rest: list[str]) -> int:
+    """A scenario with a report of its own: its module's main, given the options after `--`."""
+    import importlib
+
+    sys.argv = [f"python -m {module}", *(rest[1:] if rest[:1] == ["--"] else rest)]
+    importlib.import_module(module).main()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, run the suite, write RESULTS.md and results.json."""
-    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--full", action="store_true", help="the full suite (default)")
-    mode.add_argument("--smoke", action="store_true", help="a few thousand rows, < 90 s")
+    """Parse flags, run the scenarios, write results.json and RESULTS.md."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", default="suite",
+                        help="suite (the default: every one of " + ", ".join(SUITE) + "), a "
+                        "comma-separated list of them, or one of " + ", ".join(OWN_REPORTS))
+    parser.add_argument("--smoke", action="store_true", help="a few thousand rows, < 90 s")
     parser.add_argument("--runs", type=int, help="repetitions of every figure")
     parser.add_argument("--out", type=Path, help="folder for RESULTS.md and results.json")
     parser.add_argument("--update-readme", action="store_true",
-                        help="rewrite README's figures block from this run")
+                        help="rewrite README's figures block (every suite scenario must be in "
+                        "results.json)")
     parser.add_argument("--server", choices=("private", "shared"),
                         help="PostgreSQL: a private initdb cluster with the server's defaults "
-                        "(bench/server.py; the default of --full) or the shared one of "
-                        "RELAY_TEST_PG_DSN (the default of --smoke)")
-    args = parser.parse_args(argv)
+                        "(bench/server.py; the default) or the shared one of RELAY_TEST_PG_DSN "
+                        "(the default of --smoke)")
+    args, rest = parser.parse_known_args(argv)
+    if args.scenario in OWN_REPORTS:
+        return _own_report(OWN_REPORTS[args.scenario], rest)
+    if rest:
+        parser.error(f"unknown options: {' '.join(rest)}")
+    names = list(SUITE) if args.scenario == "suite" else args.scenario.split(",")
+    unknown = [n for n in names if n not in SUITE]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; known: suite, "
+                     + ", ".join([*SUITE, *OWN_REPORTS]))
     server = args.server or ("shared" if args.smoke else "private")
     plan = SMOKE if args.smoke else FULL
     if args.runs:
@@ -425,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (Path(tempfile.mkdtemp(prefix="bench-smoke-")) if args.smoke
                        else Path(__file__).parent)
     out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "bench",
+                                                 *(argv if argv is not None else sys.argv[1:])])
     started = time.monotonic()
     load = load_before()
     try:
@@ -436,33 +520,43 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         if server == "private":
             common.use_server(stack.enter_context(private_server()))
-        results = runner(run_suite(plan))
+        ran = runner(run_scenarios(plan, names))
         server_versions = runner(versions())
     server_versions["postgresql server"] = (
         "private initdb cluster, server defaults" if server == "private" else "shared")
-    report = {
+    previous = out / "results.json"
+    scenarios = {}
+    if previous.exists():
+        scenarios = json.loads(previous.read_text()).get("scenarios", {})
+    for entry in ran.values():
+        entry.update(command=command, mode="smoke" if args.smoke else "full",
+                     plan=plan.__dict__, versions=server_versions)
+    scenarios.update(ran)
+    raw = flatten(scenarios)
+    report: dict[str, Any] = {
         "mode": "smoke" if args.smoke else "full",
         "notify_mode": DEFAULT_MODE.value,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in ["python", "-m", "bench.run",
-                                                      *(argv or sys.argv[1:])]),
+        "command": command,
         "machine": machine(),
         "load_before": load,
         "versions": server_versions,
         "plan": plan.__dict__,
         "elapsed_s": time.monotonic() - started,
-        "summary": summarise(results),
-        "raw": results,
+        "summary": summarise(raw),
+        "scenarios": scenarios,
+        "raw": raw,
     }
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
     (out / "RESULTS.md").write_text(render_markdown(report))
-    block = render_readme_block(report)
-    (out / "README-block.md").write_text(block + "\n")
-    readme = Path(__file__).parents[1] / "README.md"
-    if args.update_readme:
-        readme.write_text(replace_readme_block(readme.read_text(), block))
-        print(f"updated the figures block in {readme}")
     print(f"wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
+    if args.update_readme:
+        missing = [n for n in SUITE if n not in scenarios]
+        if missing:
+            parser.error(f"README's block needs every suite scenario; missing: {missing}")
+        readme = Path(__file__).parents[1] / "README.md"
+        readme.write_text(replace_readme_block(readme.read_text(), render_readme_block(report)))
+        print(f"updated the figures block in {readme}")
     print(json.dumps(report["summary"]["ratios"]))
     return 0
 
