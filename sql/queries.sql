@@ -448,13 +448,18 @@ WHERE t.id = f.id
 
 -- name: dead_letter
 -- Moves rows to the dead-letter table with their reason, in the claim's transaction, through
--- the definer function of sql/migrations/0007 (the relay role has no INSERT there). Each
--- parked row is a dead letter of its own, also when its id was parked before. The dead-letter
--- channel hears how many rows were parked (nothing when none: the statement is also run empty,
+-- the definer function of sql/migrations/0014 (the relay role has no INSERT there; the
+-- function also raises a WARNING into the server's log). Each parked row is a dead letter of
+-- its own, also when its id was parked before. The dead-letter channel hears one notification
+-- per statement, at commit: the table, how many rows, the first one's id and reason (at most
+-- 500 characters), as JSON (nothing when none parked: the statement is also run empty,
 -- before any transaction, to prepare it; relay/pg/store.py).
-SELECT {dead_letter_fn}($1::uuid[], $2::text[], $3::boolean[]),
-       CASE WHEN cardinality($1::uuid[]) > 0
-            THEN pg_notify({dead_channel_literal}, cardinality($1::uuid[])::text) END
+SELECT p.n, CASE WHEN p.n > 0 THEN pg_notify(
+                {dead_channel_literal},
+                json_build_object('table', {table_name_literal}, 'count', p.n,
+                                  'id', ($1::uuid[])[1], 'reason',
+                                  left(($2::text[])[1], 500))::text) END
+FROM (SELECT {dead_letter_fn}($1::uuid[], $2::text[], $3::boolean[]) AS n) AS p
 
 -- name: seconds_until_next_due
 -- By epochs, as wakeup_check: an available_at of 'infinity' reads as Infinity, not an error.
@@ -578,6 +583,14 @@ SELECT count(*) FROM {dead}
 WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
   AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
+
+-- name: dead_since
+-- `relay dead watch`: dead letters after ($1 dead_at, $2 dead_id), oldest first, at most $3.
+SELECT dead_id, id::text AS id, dead_at, attempts, exchange, routing_key, ordering_key, reason
+FROM {dead}
+WHERE dead_at >= $1 AND (dead_at, dead_id) > ($1, $2)
+ORDER BY dead_at, dead_id
+LIMIT $3
 
 -- name: dead_show
 SELECT id::text AS id, seq, exchange, routing_key, content::text AS content,

@@ -333,26 +333,44 @@ END
 $$;
 
 CREATE FUNCTION public.queue_message_park(p_ids uuid[], p_reasons text[], p_counted boolean[]) RETURNS integer
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
-WITH reasons AS (
-    SELECT * FROM unnest(p_ids, p_reasons, p_counted) AS f(id, reason, counted)
-), moved AS (
-    DELETE FROM "queue_message" AS t USING reasons AS r WHERE t.id = r.id
-    RETURNING t.id, t.seq, t.exchange, t.routing_key, t.content, t.options, t.created_at,
-              t.available_at,
-              -- attempts is producer-writable: the count stops at integer's maximum.
-              LEAST(GREATEST(t.attempts, 0), 2147483646)
-                  + CASE WHEN r.counted THEN 1 ELSE 0 END AS attempts,
-              r.reason AS last_error, t.ordering_key, r.reason
-), parked AS (
-    INSERT INTO "queue_message_dead" (id, seq, exchange, routing_key, content, options, created_at,
-                        available_at, attempts, last_error, ordering_key, reason)
-    SELECT * FROM moved
-    RETURNING 1
-)
-SELECT count(*)::integer FROM parked
+DECLARE
+    parked_n integer;
+    first_id uuid;
+    first_reason text;
+BEGIN
+    WITH reasons AS (
+        SELECT * FROM unnest(p_ids, p_reasons, p_counted) WITH ORDINALITY AS f(id, reason,
+                                                                              counted, n)
+    ), moved AS (
+        DELETE FROM "queue_message" AS t USING reasons AS r WHERE t.id = r.id
+        RETURNING t.id, t.seq, t.exchange, t.routing_key, t.content, t.options, t.created_at,
+                  t.available_at,
+                  -- attempts is producer-writable: the count stops at integer's maximum.
+                  LEAST(GREATEST(t.attempts, 0), 2147483646)
+                      + CASE WHEN r.counted THEN 1 ELSE 0 END AS attempts,
+                  r.reason AS last_error, t.ordering_key, r.reason, r.n
+    ), parked AS (
+        INSERT INTO "queue_message_dead" (id, seq, exchange, routing_key, content, options, created_at,
+                            available_at, attempts, last_error, ordering_key, reason)
+        SELECT id, seq, exchange, routing_key, content, options, created_at, available_at,
+               attempts, last_error, ordering_key, reason
+        FROM moved
+        RETURNING id, reason
+    )
+    SELECT count(*)::integer, (array_agg(p.id ORDER BY m.n))[1],
+           (array_agg(p.reason ORDER BY m.n))[1]
+    INTO parked_n, first_id, first_reason
+    FROM parked AS p JOIN moved AS m ON m.id = p.id;
+    IF parked_n > 0 THEN
+        RAISE WARNING 'outbox-relay parked % row(s) of %: first id %, reason: %',
+            parked_n, 'queue_message', first_id, left(first_reason, 500)
+            USING HINT = 'relay dead list shows them; relay dead replay publishes them again';
+    END IF;
+    RETURN parked_n;
+END
 $$;
 
 CREATE FUNCTION public.queue_message_replay(p_ids uuid[]) RETURNS SETOF text

@@ -1,4 +1,4 @@
-"""`relay dead list|show|replay|purge` and `relay prune`: argument parsing and output.
+"""`relay dead list|show|watch|replay|purge` and `relay prune`: argument parsing and output.
 
 The logic lives in relay/pg/deadletters.py. Operations that change rows work on a snapshot of
 ids taken when they start, say how many they will touch (`--dry-run` stops there), take
@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relay.ops.console import Progress, print_table
@@ -21,6 +22,39 @@ EXIT_OK = 0
 EXIT_NOT_FOUND = 3
 
 WithDeadLetters = Callable[[Settings, Callable[[Any], Coroutine[Any, Any, int]]], int]
+# Runs `show(rows)` over the dead letters parked from a time on (None: from now), as they come.
+WatchDeadLetters = Callable[
+    [Settings, datetime | None, Callable[[AsyncIterator[dict[str, Any]]],
+                                         Coroutine[Any, Any, int]]], int]
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """`--since`: an age (30m, 12h, 7d) or a time (ISO 8601; UTC unless it says otherwise)."""
+    now = now or datetime.now(UTC)
+    try:
+        return now - timedelta(seconds=parse_duration_s(text))
+    except UsageError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"invalid --since {text!r}: an age (30m, 12h, 7d) or a time "
+                         "(2026-11-26T09:00:00+01:00)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _watch_line(row: dict[str, Any]) -> str:
+    key = f" key {row['ordering_key']}" if row.get("ordering_key") else ""
+    return (f"{row['dead_at']:%Y-%m-%d %H:%M:%S%z}  {row['id']}  "
+            f"{row['exchange']!s}/{row['routing_key']!s}{key}  attempts {row['attempts']}  "
+            f"{row['reason']}")
+
+
+async def _watch(rows: AsyncIterator[dict[str, Any]], as_json: bool) -> int:
+    """Print each dead letter as it comes: a line on a terminal, JSON lines otherwise."""
+    async for row in rows:
+        print(json.dumps(row, default=str) if as_json else _watch_line(row), flush=True)
+    return EXIT_OK
 
 
 def _filter(args: argparse.Namespace) -> Filter:
@@ -101,10 +135,16 @@ async def _purge(dl: DeadLetters, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def make_dead_command(with_dead_letters: WithDeadLetters) -> Callable[..., int]:
+def make_dead_command(with_dead_letters: WithDeadLetters,
+                      watch: WatchDeadLetters) -> Callable[..., int]:
     """The handler of `relay dead ACTION`."""
 
     def cmd_dead(args: argparse.Namespace, settings: Settings) -> int:
+        if args.action == "watch":
+            since = None if args.since is None else parse_since(args.since)
+            as_json = args.json or not sys.stdout.isatty()
+            return watch(settings, since, lambda rows: _watch(rows, as_json))
+
         async def work(dl: DeadLetters) -> int:
             if args.action == "list":
                 return await _list(dl, args)
@@ -147,10 +187,10 @@ def _changing(p: argparse.ArgumentParser, verb: str) -> None:
 
 
 def add_failure_commands(add: Callable[..., argparse.ArgumentParser],
-                         with_dead_letters: WithDeadLetters) -> None:
+                         with_dead_letters: WithDeadLetters, watch: WatchDeadLetters) -> None:
     """The dead-letter and retention sub-commands."""
-    dead = add("dead", make_dead_command(with_dead_letters),
-               "list, show, replay or purge dead letters (<table>_dead)")
+    dead = add("dead", make_dead_command(with_dead_letters, watch),
+               "list, show, watch, replay or purge dead letters (<table>_dead)")
     actions = dead.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = actions.add_parser("list", help="dead letters, oldest first")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -158,6 +198,11 @@ def add_failure_commands(add: Callable[..., argparse.ArgumentParser],
     p.add_argument("--reason", help="only those whose reason contains TEXT (case-insensitive)")
     p = actions.add_parser("show", help="every column of one dead letter, as JSON")
     p.add_argument("id")
+    p = actions.add_parser("watch", help="print dead letters as they are parked (Ctrl-C ends)")
+    p.add_argument("--since", help="first those parked since then: an age (30m, 12h, 7d) or "
+                   "a time (ISO 8601, UTC unless it says)")
+    p.add_argument("--json", action="store_true",
+                   help="JSON lines (the default when the output is not a terminal)")
     p = actions.add_parser(
         "replay", help="move dead letters back into the outbox (same id, attempts reset)"
     )

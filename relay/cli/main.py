@@ -196,6 +196,23 @@ def with_dead_letters(
     return _run_async(main)
 
 
+def watch_dead_letters(
+    settings: Settings, since: Any,
+    show: Callable[[Any], Coroutine[Any, Any, int]],
+) -> int:
+    """Run `show(rows)` over the dead letters parked from `since` on, as they come; a lost
+    database is said on stderr and waited for."""
+    from relay.app import database_config
+    from relay.pg import deadletters
+
+    def outage(why: str) -> None:
+        print(f"relay: the database is unavailable ({why}); trying again in "
+              f"{deadletters.WATCH_RETRY_S:.0f} s", file=sys.stderr, flush=True)
+
+    return _run_async(lambda: show(deadletters.watch_dead_letters(
+        database_config(settings), since, on_outage=outage)))
+
+
 def cmd_health(args: argparse.Namespace, settings: Settings) -> int:
     """Ask a running relay's HTTP endpoint (container HEALTHCHECK, exec probes)."""
     import urllib.error
@@ -282,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--count", type=int, default=None, help="exit after N messages")
     from relay.cli.dead import add_failure_commands
 
-    add_failure_commands(add, with_dead_letters)
+    add_failure_commands(add, with_dead_letters, watch_dead_letters)
     return parser
 
 

@@ -46,6 +46,13 @@ class TableNames:
     name: str
     channel: str
 
+    @property
+    def dead_channel(self) -> str:
+        """The channel that hears of parked rows: the table's channel and `_dead`, the
+        channel's end cut where the whole would pass PostgreSQL's 63 bytes."""
+        base = self.channel.encode()[: 63 - len("_dead")].decode(errors="ignore")
+        return base + "_dead"
+
     def _q(self, suffix: str = "") -> str:
         base = quote_ident(self.name + suffix)
         return f"{quote_ident(self.schema)}.{base}" if self.schema else base
@@ -80,7 +87,10 @@ class TableNames:
             "name": self.name,
             "channel": self.channel,
             "channel_literal": "'" + self.channel + "'",
-            "dead_channel_literal": "'" + self.name + "_dead'",
+            "dead_channel_literal": "'" + self.dead_channel.replace("'", "''") + "'",
+            # The table as a person writes it (schema.name, unquoted), for messages.
+            "table_name_literal": "'" + (f"{self.schema}.{self.name}" if self.schema
+                                         else self.name).replace("'", "''") + "'",
             "wakeup_lock_class": str(WAKEUP_LOCK_CLASS),
             "leader_lock_class": str(LEADER_LOCK_CLASS),
             "fence_lock_class": str(FENCE_LOCK_CLASS),
