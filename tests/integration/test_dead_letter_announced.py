@@ -13,9 +13,12 @@ import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from relay.pg.queries import Queries, TableNames
+from tests.chaos.harness import via_proxy
 from tests.helpers import RELAY_BIN, Env, insert_rows, pg_fetchval, pg_session, wait_until
+from tests.proxy import TcpProxy
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 Q = Queries(NAMES)
@@ -81,8 +84,9 @@ async def test_the_relay_parking_rows__announces_them(env: Env, start_relay: Cal
     assert all(h["reason"].startswith("forbidden") for h in heard)
 
 
-def _watch(env: Env, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([RELAY_BIN, "dead", "watch", *args], env=env.relay_env(),
+def _watch(env: Env, *args: str, pg_dsn: str | None = None) -> subprocess.Popen[bytes]:
+    environ = env.relay_env() | ({"RELAY_PG_DSN": pg_dsn} if pg_dsn else {})
+    return subprocess.Popen([RELAY_BIN, "dead", "watch", *args], env=environ,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -179,3 +183,33 @@ async def test_dead_channel__of_a_63_byte_channel_is_accepted_by_the_server(db: 
         await conn.execute("SELECT pg_notify($1, 'x')", channel)
         await conn.add_listener(channel, lambda *_: None)
 
+
+
+async def test_dead_watch__a_lost_database_is_said_and_the_watch_goes_on_from_where_it_was(
+    env: Env,
+) -> None:
+    """The link to PostgreSQL is cut while the watch runs and rows are parked meanwhile: the
+    watch says so on stderr, and prints those rows once the link is back, none twice."""
+    parts = urlsplit(env.pg_dsn)
+    proxy = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+    proc = _watch(env, pg_dsn=via_proxy(env.pg_dsn, proxy.port))
+    try:
+        await asyncio.sleep(2)  # the watch has begun
+        first = await _park_rows(env, 1, "first")
+        got = await asyncio.to_thread(_read_lines, proc, 1, 30)
+        await proxy.cut()
+        during = await _park_rows(env, 2, "during")
+        await asyncio.sleep(7)  # the watch looks (every 5 s), finds the database gone
+        await proxy.restore()
+        after = await asyncio.to_thread(_read_lines, proc, 2, 40)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=10)
+        await proxy.close()
+    assert [r["id"] for r in got] == first
+    assert [r["id"] for r in after] == during
+    assert code == 0
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
+    assert b"the database is unavailable" in stderr
+    assert b"Traceback" not in stderr
