@@ -28,6 +28,7 @@ from relay.loop.leader import Leadership, run_when_leader
 from relay.loop.retry import RetryPolicy
 from relay.loop.sleep import Doorbell
 from relay.loop.worker import Worker, WorkerConfig
+from relay.ops.admin import AdminApi
 from relay.ops.http import Health, HttpServer
 from relay.ops.metrics import BacklogPoller, RelayMetrics
 from relay.ops.statuspage import StatusPage
@@ -364,9 +365,16 @@ async def start_http(
         connections=supervisors.snapshot,
     )
     http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
-                      status_page(db, broker_node))
+                      status_page(db, broker_node), admin=admin_api(settings, db))
     await http.start()
     return http
+
+
+def admin_api(settings: Settings, db: DatabaseConfig) -> AdminApi:
+    """The admin API on the HTTP port (relay/ops/admin.py), off without RELAY_ADMIN_TOKEN."""
+    from relay.pg.deadletters import admin_action
+
+    return AdminApi(settings.admin_token, lambda action, args: admin_action(db, action, args))
 
 
 def status_page(db: DatabaseConfig,

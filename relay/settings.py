@@ -53,6 +53,9 @@ def _env(name: str) -> Any:
 Seconds = Annotated[float, Field(gt=0)]
 
 
+ADMIN_TOKEN_MIN = 16  # characters of RELAY_ADMIN_TOKEN
+
+
 class Settings(BaseSettings):
     """Every knob of the relay. Each field reads RELAY_<FIELD> from the environment or .env."""
 
@@ -174,6 +177,13 @@ class Settings(BaseSettings):
         default=0, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz; 0 = off."
     )
     http_host: str = Field(default="0.0.0.0", description="Address the HTTP endpoint binds.")  # noqa: S104
+    admin_token: str | None = Field(
+        default=None,
+        description="Turns on the admin API on the HTTP port (/admin/dead: list, show, replay, "
+        "purge dead letters); every call must carry `Authorization: Bearer <token>`. At least "
+        "16 characters, no spaces; a file `relay_admin_token` in the secrets folder works too. "
+        "Unset (default): the admin API is off.",
+    )
     ready_max_lag_s: float = Field(
         default=0.0,
         ge=0,
@@ -242,6 +252,17 @@ class Settings(BaseSettings):
     def _table_is_identifier(cls, value: str) -> str:
         if not _TABLE_RE.match(value):
             raise ValueError("must be an identifier or schema.identifier (letters, digits, _)")
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _token_is_strong(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if len(value) < ADMIN_TOKEN_MIN or any(c.isspace() for c in value):
+            raise ValueError(f"must be at least {ADMIN_TOKEN_MIN} characters with no spaces "
+                             "(e.g. `openssl rand -hex 32`)")
         return value
 
     @field_validator("notify_channel")
@@ -330,5 +351,5 @@ class Settings(BaseSettings):
 
 
 # Settings whose value may carry a password: never repeated in an error or a listing.
-SECRET_FIELDS = frozenset({"pg_dsn", "amqp_url"})
+SECRET_FIELDS = frozenset({"pg_dsn", "amqp_url", "admin_token"})
 

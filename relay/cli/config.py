@@ -78,6 +78,8 @@ def check_variables(environ: Mapping[str, str] | None = None,
 def _shown(field_name: str, value: Any) -> str:
     if value is None:
         return "" if field_name != "pg_dsn" else "<libpq defaults>"
+    if field_name == "admin_token":
+        return "<set, not shown>"
     if field_name in SECRET_FIELDS:
         return redact(str(value))
     return str(getattr(value, "value", value))

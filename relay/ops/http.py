@@ -1,7 +1,8 @@
-"""A small HTTP endpoint on asyncio streams: /metrics, /healthz and /readyz.
+"""A small HTTP endpoint on asyncio streams: /metrics, /healthz and /readyz, the status page
+and, when a token is set, the admin API (relay/ops/admin.py).
 
-No web framework: three GET routes, one request per connection, answered from state the
-process already holds (the probes never query a server themselves; the backlog comes from the
+No web framework: a few routes, one request per connection; the probes are answered from state
+the process already holds (they never query a server themselves; the backlog comes from the
 bounded-rate poller in relay/ops/metrics.py).
 """
 
@@ -19,6 +20,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.errors import ConfigError
+from relay.ops.admin import MAX_BODY, AdminApi
 from relay.ops.metrics import BacklogSnapshot
 from relay.ops.statuspage import StatusPage
 
@@ -26,7 +28,9 @@ log = structlog.get_logger("relay.ops.http")
 
 _MAX_HEADER_LINES = 100
 _READ_TIMEOUT_S = 5.0
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 413: "Content Too Large",
+            415: "Unsupported Media Type", 503: "Service Unavailable"}
 
 
 @dataclass
@@ -186,12 +190,15 @@ class HttpServer:
         health: Health,
         render_metrics: Callable[[], bytes],
         status_page: StatusPage | None = None,
+        *,
+        admin: AdminApi | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.health = health
         self._render_metrics = render_metrics
         self.status_page = status_page
+        self.admin = admin
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -236,8 +243,12 @@ class HttpServer:
                     b"not found: try /status /metrics /healthz /readyz\n")
         return status, "application/json", (json.dumps(body) + "\n").encode()
 
-    async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
-        """route(), plus the status page, which reads the database (cached, rate-bounded)."""
+    async def respond(self, method: str, path: str, headers: dict[str, str] | None = None,
+                      body: bytes = b"") -> tuple[int, str, bytes]:
+        """route(), plus the status page, which reads the database (cached, rate-bounded), and
+        the admin API."""
+        if self.admin is not None and AdminApi.mine(path):
+            return await self.admin.handle(method, path, headers or {}, body)
         page = self.status_page
         if page is not None and method in {"GET", "HEAD"} and path.split("?", 1)[0] in {
             "/", "/status"
@@ -251,8 +262,8 @@ class HttpServer:
             request = await asyncio.wait_for(_read_request(reader), timeout=_READ_TIMEOUT_S)
             if request is None:
                 return
-            method, path = request
-            status, ctype, body = await self.respond(method, path)
+            method, path, headers, payload = request
+            status, ctype, body = await self.respond(method, path, headers, payload)
             head = (
                 f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
                 f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
@@ -270,16 +281,25 @@ class HttpServer:
                 await writer.wait_closed()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str] | None:
-    """Method and path of one HTTP/1.x request; headers are read and ignored."""
+async def _read_request(reader: asyncio.StreamReader,
+                        ) -> tuple[str, str, dict[str, str], bytes] | None:
+    """Method, path, headers (names in lower case) and body (at most MAX_BODY bytes, by its
+    Content-Length) of one HTTP/1.x request."""
     line = await reader.readline()
     if not line:
         return None
     parts = line.decode("latin-1").split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         raise ValueError("not an HTTP request")
+    headers: dict[str, str] = {}
     for _ in range(_MAX_HEADER_LINES):
         header = await reader.readline()
         if header in {b"\r\n", b"\n", b""}:
             break
-    return parts[0].upper(), parts[1]
+        name, _, value = header.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0") or "0")
+    if length < 0 or length > MAX_BODY:
+        raise ValueError("a request body over the limit")
+    body = await reader.readexactly(length) if length else b""
+    return parts[0].upper(), parts[1], headers, body

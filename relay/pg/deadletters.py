@@ -247,3 +247,54 @@ async def _dead_since(conn: asyncpg.Connection, q: Queries,
         if len(rows) < WATCH_PAGE:
             return
         after_at, after_id = rows[-1]["dead_at"], rows[-1]["dead_id"]
+
+
+def _filter_of(args: dict[str, Any]) -> tuple[Filter, bool, bool]:
+    """An admin call's filter (relay/ops/admin.py): the Filter, `all` and `dry_run`; a value
+    of the wrong kind is a UsageError naming it."""
+    ids, reason, older = args.get("ids"), args.get("reason"), args.get("older_than")
+    limit, every, dry = args.get("limit"), args.get("all", False), args.get("dry_run", False)
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise UsageError("ids: a list of row ids")
+    if reason is not None and not isinstance(reason, str):
+        raise UsageError("reason: a text")
+    if older is not None and not isinstance(older, str):
+        raise UsageError("older_than: an age such as 7d or 12h")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise UsageError("limit: a whole number")
+    if not isinstance(every, bool) or not isinstance(dry, bool):
+        raise UsageError("all and dry_run: true or false")
+    which = Filter(ids=ids or None, reason=reason,
+                   older_than_s=None if older is None else parse_duration_s(older), limit=limit)
+    return which, every, dry
+
+
+async def admin_action(db: DatabaseConfig, action: str, args: dict[str, Any]) -> Any:
+    """One call of the admin API: the dead-letter commands' logic with JSON in and out, over
+    a session of its own. list (limit, reason), show (id), replay and purge (ids, reason,
+    older_than, all, limit, dry_run; without a filter they need all)."""
+    async with open_dead_letters(db) as dl:
+        if action == "list":
+            try:
+                limit = int(args.get("limit") or 100)
+            except ValueError:
+                raise UsageError("limit: a whole number") from None
+            if limit < 1:
+                raise UsageError("limit: at least 1")
+            return await dl.listing(limit=limit, reason=args.get("reason"))
+        if action == "show":
+            return await dl.show(str(args["id"]))
+        which, every, dry = _filter_of(args)
+        if not (which.narrows or every):
+            raise UsageError(f"{action} what? give ids, reason, older_than or all: true")
+        if action == "replay":
+            ids = await dl.snapshot(which)
+            if dry:
+                return {"would": len(ids)}
+            result = await dl.replay(ids)
+            return {"replayed": result.replayed,
+                    "left": [{"id": i, "why": why} for i, why in result.left]}
+        keys = await dl.snapshot_keys(which)
+        if dry:
+            return {"would": len(keys)}
+        return {"purged": await dl.purge(keys)}
