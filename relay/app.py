@@ -365,7 +365,8 @@ async def start_http(
         connections=supervisors.snapshot,
     )
     http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
-                      status_page(db, broker_node), admin=admin_api(settings, db))
+                      status_page(db, broker_node, admin=settings.admin_token is not None),
+                      admin=admin_api(settings, db))
     await http.start()
     return http
 
@@ -378,8 +379,11 @@ def admin_api(settings: Settings, db: DatabaseConfig) -> AdminApi:
 
 
 def status_page(db: DatabaseConfig,
-                broker_node: Callable[[], tuple[str | None, int]] | None = None) -> StatusPage:
-    """The read-only status page on the HTTP port (its own connection, opened on first view);
-    `broker_node`: this relay's broker node and failovers, shown beside the table's figures."""
+                broker_node: Callable[[], tuple[str | None, int]] | None = None, *,
+                admin: bool = False) -> StatusPage:
+    """The status page on the HTTP port (its own connection, opened on first view);
+    `broker_node`: this relay's broker node and failovers, shown beside the table's figures;
+    `admin`: the admin API is on (the page gets its buttons)."""
     source = StatusSource(lambda: connect(db, "status"), db.queries, db.table)
-    return StatusPage(source.document, db.table, source.close, broker_node=broker_node)
+    return StatusPage(source.document, db.table, source.close, broker_node=broker_node,
+                      admin=admin)

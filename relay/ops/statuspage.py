@@ -1,7 +1,11 @@
-"""A small read-only status page on the HTTP port (GET / or /status), rendered by the relay.
+"""A small status page on the HTTP port (GET / or /status), rendered by the relay.
 
-Plain HTML with inline CSS, no script, no external resource: it works behind any proxy and
-in a locked-down browser, and it refreshes itself every few seconds. Every value is escaped.
+Plain HTML with inline CSS, no external resource: it works behind any proxy and in a
+locked-down browser, and it refreshes itself every few seconds. Every value is escaped.
+Read-only and without script unless the admin API is on (RELAY_ADMIN_TOKEN): then each dead
+letter reason gets Replay and Purge buttons, and a few lines of inline script send them to the
+admin API (relay/ops/admin.py) with the token the operator types in (kept for the browser tab
+only, in sessionStorage; the page itself never holds it).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ h1 { font-size: 1.4rem; margin: 0 0 .2rem; }
                letter-spacing: .04em; }
 .card .value { font-size: 1.6rem; font-weight: 600; margin-top: .2rem; }
 .warn .value { color: #b42318; }
+.admin { margin-top: 1rem; }
+#admin-result { margin-left: 1rem; color: #1f6f43; }
 table { border-collapse: collapse; margin-top: 1.4rem; min-width: 24rem; background: #fff;
         box-shadow: 0 1px 2px rgba(0,0,0,.08); border-radius: 8px; overflow: hidden; }
 th, td { text-align: left; padding: .45rem 1rem; border-bottom: 1px solid #e6e8ec; }
@@ -66,9 +72,52 @@ def _card(label: str, value: str, warn: bool = False) -> str:
             f'<div class="value">{html.escape(value)}</div></div>')
 
 
-def render(doc: dict[str, Any], broker_node: tuple[str | None, int] | None = None) -> str:
+_ADMIN_SCRIPT = """
+const token = document.getElementById('token');
+const out = document.getElementById('admin-result');
+token.value = sessionStorage.getItem('relay-admin-token') || '';
+out.textContent = sessionStorage.getItem('relay-admin-result') || '';
+token.addEventListener('input', () => sessionStorage.setItem('relay-admin-token', token.value));
+for (const b of document.querySelectorAll('button[data-act]')) {
+  b.addEventListener('click', async () => {
+    const act = b.dataset.act, reason = b.dataset.reason;
+    if (act === 'purge' && !confirm('Delete every dead letter whose reason contains "'
+                                    + reason + '"?')) return;
+    let msg;
+    try {
+      const r = await fetch('/admin/dead/' + act, {method: 'POST', headers: {
+        'Authorization': 'Bearer ' + token.value, 'Content-Type': 'application/json'},
+        body: JSON.stringify({reason: reason})});
+      const j = await r.json();
+      msg = act + ' ' + reason + ': ' + (r.ok ? (act === 'replay'
+            ? 'replayed ' + j.replayed.length + ', left ' + j.left.length
+            : 'purged ' + j.purged) : (j.error || r.status));
+    } catch (e) { msg = act + ' ' + reason + ': ' + e; }
+    sessionStorage.setItem('relay-admin-result', msg);
+    out.textContent = msg;
+  });
+}
+"""
+
+
+def _reason_rows(reasons: dict[str, int], admin: bool) -> str:
+    if not reasons:
+        return f'<tr><td colspan="{3 if admin else 2}">none</td></tr>'
+    out = []
+    for r, n in reasons.items():
+        text = html.escape(str(r))
+        buttons = (f'<td><button data-act="replay" data-reason="{text}">Replay</button> '
+                   f'<button data-act="purge" data-reason="{text}">Purge</button></td>'
+                   if admin else "")
+        out.append(f'<tr><td>{text}</td><td class="n">{n:,}</td>{buttons}</tr>')
+    return "".join(out)
+
+
+def render(doc: dict[str, Any], broker_node: tuple[str | None, int] | None = None, *,
+           admin: bool = False) -> str:
     """The page for one status document (relay/pg/status.py document()); `broker_node`: the
-    node this relay's broker connection is on, and its failovers so far."""
+    node this relay's broker connection is on, and its failovers so far; `admin`: the admin
+    API is on (buttons and the token field)."""
     cards = [
         _card("Due rows", f"{doc['due']:,}"),
         _card("Oldest due row", _age(doc.get("oldest_due_age_s")),
@@ -90,11 +139,15 @@ def render(doc: dict[str, Any], broker_node: tuple[str | None, int] | None = Non
                            f"{node or 'none yet'} · {failovers} failover"
                            + ("" if failovers == 1 else "s")))
     reasons = doc.get("dead_by_reason") or {}
-    rows = "".join(f'<tr><td>{html.escape(str(r))}</td><td class="n">{n:,}</td></tr>'
-                   for r, n in reasons.items()) or '<tr><td colspan="2">none</td></tr>'
-    table = ("<table><thead><tr><th>Dead letters by reason</th><th>Rows</th></tr></thead>"
-             f"<tbody>{rows}</tbody></table>")
-    return _page(doc["table"], '<div class="cards">' + "".join(cards) + "</div>" + table)
+    actions = "<th>Admin</th>" if admin else ""
+    table = ("<table><thead><tr><th>Dead letters by reason</th><th>Rows</th>"
+             f"{actions}</tr></thead><tbody>{_reason_rows(reasons, admin)}</tbody></table>")
+    if admin:
+        table += ('<div class="admin"><label>Admin token <input id="token" type="password" '
+                  'autocomplete="off" size="40"></label> <span id="admin-result"></span></div>'
+                  f"<script>{_ADMIN_SCRIPT}</script>")
+    return _page(doc["table"], '<div class="cards">' + "".join(cards) + "</div>" + table,
+                 admin=admin)
 
 
 def render_error(table: str, message: str) -> str:
@@ -102,14 +155,15 @@ def render_error(table: str, message: str) -> str:
     return _page(table, f'<div class="error">{html.escape(message)}</div>')
 
 
-def _page(table: str, body: str) -> str:
+def _page(table: str, body: str, *, admin: bool = False) -> str:
     title = f"outbox-relay · {table}"
+    mode = "admin API on" if admin else "read-only"
     return (
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>outbox-relay</h1><div class=\"sub\">table <b>{html.escape(table)}</b> · "
-        f"refreshes every {REFRESH_S} s · read-only</div>{body}</body></html>"
+        f"refreshes every {REFRESH_S} s · {mode}</div>{body}</body></html>"
     )
 
 
@@ -118,11 +172,13 @@ class StatusPage:
 
     def __init__(self, source: Callable[[], Awaitable[dict[str, Any]]], table: str,
                  close: Callable[[], Awaitable[None]] | None = None, *,
-                 broker_node: Callable[[], tuple[str | None, int]] | None = None) -> None:
+                 broker_node: Callable[[], tuple[str | None, int]] | None = None,
+                 admin: bool = False) -> None:
         self._source = source
         self._table = table
         self._close = close
         self._broker_node = broker_node
+        self._admin = admin
 
     async def html(self) -> tuple[int, bytes]:
         """HTTP status and page; 503 with the reason while the database cannot be read."""
@@ -138,7 +194,7 @@ class StatusPage:
                 self._table, f"cannot read the status: {what} (the relay's log has the "
                 "details)").encode()
         node = None if self._broker_node is None else self._broker_node()
-        return 200, render(doc, node).encode()
+        return 200, render(doc, node, admin=self._admin).encode()
 
     async def close(self) -> None:
         """Release what the source holds."""

@@ -6,11 +6,20 @@ and every call is logged."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 from relay.pg.queries import Queries, TableNames
 from tests.helpers import Consumer, Env, insert_rows, pg_fetchval, pg_session, wait_until
+from tests.integration.test_status_page import CHROMIUM_FLAGS
 from tests.proxy import free_port
 
 Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
@@ -131,3 +140,144 @@ async def test_admin_token__a_weak_one_stops_start_up_naming_the_setting(
     assert "RELAY_ADMIN_TOKEN" in relay.log_text()
     assert "short" not in relay.log_text()
     assert "Traceback" not in relay.log_text()
+
+
+def _high(fd: int) -> int:
+    """The same pipe end as a file descriptor of 10 or more (the old one closed)."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return high
+
+
+class DevToolsError(Exception):
+    """The browser refused a command (a page that was navigating away, a script error)."""
+
+
+class DevTools:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe:
+    the browser reads commands on its fd 3 and answers on its fd 4, NUL-terminated JSON)."""
+
+    def __init__(self, profile: Path) -> None:
+        binary = shutil.which("chromium")
+        assert binary, "chromium is missing: bash .ci/steps/ops.sh installs it"
+        # Every end above fd 10: the shell below moves two of them onto fds 3 and 4, which
+        # must not be one of the ends themselves.
+        to_browser_r, self._to_browser, self._from_browser, from_browser_w = (
+            _high(fd) for fd in (*os.pipe(), *os.pipe()))
+        # bash puts the two pipe ends on fds 3 and 4, then becomes the browser.
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}', binary,
+             *CHROMIUM_FLAGS, "--remote-debugging-pipe", f"--user-data-dir={profile}",
+             "about:blank"], pass_fds=(to_browser_r, from_browser_w),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_browser_r)
+        os.close(from_browser_w)
+        self._next = 0
+        self._buffer = b""
+        self.session: str | None = None
+
+    def send(self, method: str, timeout_s: float = 30, **params: Any) -> dict[str, Any]:
+        """One command (on the attached page once there is one); its result."""
+        self._next += 1
+        message: dict[str, Any] = {"id": self._next, "method": method, "params": params}
+        if self.session is not None and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        os.write(self._to_browser, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while b"\0" in self._buffer:
+                raw, self._buffer = self._buffer.split(b"\0", 1)
+                answer = json.loads(raw)
+                if answer.get("id") == self._next:
+                    if "error" in answer:
+                        raise DevToolsError(str(answer["error"]))
+                    return dict(answer.get("result", {}))
+            ready, _, _ = select.select([self._from_browser], [], [],
+                                        max(deadline - time.monotonic(), 0))
+            if not ready:
+                raise AssertionError(f"Chromium did not answer {method} in {timeout_s} s")
+            chunk = os.read(self._from_browser, 1 << 16)
+            assert chunk, "Chromium closed its DevTools pipe"
+            self._buffer += chunk
+
+    def open(self, url: str) -> None:
+        target = self.send("Target.createTarget", url=url)["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target,
+                                 flatten=True)["sessionId"]
+
+    def evaluate(self, expression: str) -> Any:
+        """A script's value (a promise is awaited)."""
+        result = self.send("Runtime.evaluate", expression=expression, awaitPromise=True,
+                           returnByValue=True)
+        if "exceptionDetails" in result:
+            raise DevToolsError(str(result["exceptionDetails"]))
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout_s: float = 20) -> Any:
+        """The script's value once it is truthy; a page loading (or reloading itself every
+        few seconds) in between is waited out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                value = self.evaluate(expression)
+            except DevToolsError:
+                value = None
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"waited {timeout_s} s in Chromium for: {expression}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._to_browser)
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        os.close(self._from_browser)
+
+
+# Type the token into the page's field and press the first Replay button; what the page says
+# of the call is kept in the tab's sessionStorage (the page reloads itself every 5 s).
+CLICK_REPLAY = """
+(() => {
+  sessionStorage.removeItem('relay-admin-result');
+  const token = document.getElementById('token');
+  token.value = TOKEN; token.dispatchEvent(new Event('input'));
+  document.querySelector('button[data-act="replay"]').click();
+  return true;
+})()
+"""
+PAGE_READY = ("document.readyState === 'complete' "
+              "&& !!document.querySelector('button[data-act=replay]')")
+RESULT = "sessionStorage.getItem('relay-admin-result')"
+
+
+def _press_replay(browser: DevTools, url: str, token: str) -> str:
+    browser.open(url)
+    browser.wait_for(PAGE_READY)
+    browser.wait_for(CLICK_REPLAY.replace("TOKEN", json.dumps(token)))
+    return str(browser.wait_for(RESULT))
+
+
+async def test_status_page__a_parked_row_replayed_from_the_page_reaches_the_consumer(
+    env: Env, consumer: Consumer, start_relay: Any, tmp_path: Path,
+) -> None:
+    """In a real headless Chromium: the Replay button with a wrong token is refused and changes
+    nothing; with the token the row goes back into the outbox and arrives."""
+    parked = await _parked(env, 1)
+    port = free_port()
+    start_relay(http_port=port, admin_token=TOKEN)
+    await _up(port)
+    browser = DevTools(tmp_path / "profile")
+    url = f"http://127.0.0.1:{port}/status"
+    try:
+        refused = await asyncio.to_thread(_press_replay, browser, url, "wrong" * 5)
+        assert await _dead(env) == 1
+        done = await asyncio.to_thread(_press_replay, browser, url, TOKEN)
+    finally:
+        browser.close()
+    assert refused.startswith("replay exchange was missing: a valid `Authorization"), refused
+    assert done == "replay exchange was missing: replayed 1, left 0"
+    await consumer.wait_for(1, timeout_s=30)
+    assert consumer.ids() == parked
+    assert await _dead(env) == 0
