@@ -12,11 +12,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from relay.pg.migrate import migrate
 from relay.pg.queries import Queries, TableNames
+from relay.settings import NotifyMode
 from tests.chaos.harness import via_proxy
+from tests.chaos.pgcluster import PrivateCluster, remove_stale
 from tests.helpers import RELAY_BIN, Env, insert_rows, pg_fetchval, pg_session, wait_until
 from tests.proxy import TcpProxy
 
@@ -213,3 +217,25 @@ async def test_dead_watch__a_lost_database_is_said_and_the_watch_goes_on_from_wh
     stderr = proc.stderr.read()
     assert b"the database is unavailable" in stderr
     assert b"Traceback" not in stderr
+
+
+async def test_the_warning__is_in_the_servers_own_log(tmp_path: Path) -> None:
+    """On a private cluster whose log the test reads: one WARNING line per settle, with the
+    table, the count, the first id and its reason, and the HINT."""
+    remove_stale("relay-pg-warn-")
+    cluster = PrivateCluster(prefix="relay-pg-warn-").init()
+    try:
+        await asyncio.to_thread(cluster.start)
+        async with pg_session(cluster.dsn) as conn:
+            await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+        ids = await insert_rows(cluster.dsn, "x", "rk", [{"n": 1}, {"n": 2}])
+        await _park(cluster.dsn, ids, ["too_large: 150 MiB", "too_large: 60 MiB"])
+        await asyncio.sleep(0.5)
+        log = cluster.log.read_text(errors="replace")
+    finally:
+        await asyncio.to_thread(cluster.destroy)
+    lines = [line for line in log.splitlines() if "outbox-relay parked" in line]
+    assert len(lines) == 1, log[-3000:]
+    assert ("WARNING:  outbox-relay parked 2 row(s) of queue_message: first id "
+            f"{ids[0]}, reason: too_large: 150 MiB") in lines[0]
+    assert "HINT:  relay dead list shows them" in log
