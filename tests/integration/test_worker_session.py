@@ -6,6 +6,7 @@ per settle."""
 from __future__ import annotations
 
 import asyncio
+import json
 from urllib.parse import quote
 
 import asyncpg
@@ -80,7 +81,8 @@ async def test_parking__one_notification_per_settle_with_the_count_and_none_when
     await insert_rows(db, "x", "rk", range(3))
     heard: list[str] = []
     listener = await asyncpg.connect(db)
-    await listener.add_listener("queue_message_dead", lambda *args: heard.append(args[3]))
+    await listener.add_listener("queue_message_notify_dead",
+                                lambda *args: heard.append(args[3]))
     outbox = await Outbox.open(database_config(Settings(pg_dsn=db)))
     try:
         async with outbox.claim(10) as batch:
@@ -92,7 +94,8 @@ async def test_parking__one_notification_per_settle_with_the_count_and_none_when
             assert not batch.rows
         await wait_until(lambda: heard, timeout_s=5, what="the dead-letter notification")
         await asyncio.sleep(0.3)
-        assert heard == ["2"]
+        assert len(heard) == 1
+        assert json.loads(heard[0])["count"] == 2
     finally:
         await outbox.close()
         await listener.close()
