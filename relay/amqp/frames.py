@@ -54,6 +54,13 @@ _SEEN_ONCE: list[bytes] = []
 MethodFor = Callable[[str, str, bool], spec.Basic.Publish]
 
 
+# The broker confirmed the message, either way.
+HEARD = (Confirm.ACKED, Confirm.NACKED)
+# The members as module names: a lookup on the enum class costs several times a plain name,
+# and these are compared once per message or tag.
+_PENDING, _NOT_SENT = Confirm.PENDING, Confirm.NOT_SENT
+
+
 def _slots(a: bytes, b: bytes, n: int) -> list[bytes] | None:
     """Split `a` around the places where it differs from `b` in runs of exactly `n` bytes."""
     if len(a) != len(b) or n == 0:
@@ -221,8 +228,8 @@ class TagRange:
     def trim(self, written: int) -> None:
         """Only the first `written` messages went out: the others never get a tag."""
         for i in range(written, self.count):
-            if self.status[i] == Confirm.PENDING:
-                self.status[i] = Confirm.NOT_SENT
+            if self.status[i] == _PENDING:
+                self.status[i] = _NOT_SENT
                 self.remaining -= 1
         self.count = written
 
@@ -232,12 +239,12 @@ class TagRange:
         if hi < self.low:
             return
         a, b = self.low - self.first, hi - self.first + 1
-        pending = self.status.count(Confirm.PENDING, a, b)
+        pending = self.status.count(_PENDING, a, b)
         if pending == b - a:
             self.status[a:b] = bytes((code,)) * (b - a)
         elif pending:
             for i in range(a, b):
-                if self.status[i] == Confirm.PENDING:
+                if self.status[i] == _PENDING:
                     self.status[i] = code
         self.remaining -= pending
         self.low = hi + 1
@@ -245,7 +252,7 @@ class TagRange:
     def settle_one(self, tag: int, code: int) -> None:
         """A single ack/nack."""
         i = tag - self.first
-        if 0 <= i < self.count and self.status[i] == Confirm.PENDING:
+        if 0 <= i < self.count and self.status[i] == _PENDING:
             self.status[i] = code
             self.remaining -= 1
 

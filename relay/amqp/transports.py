@@ -24,7 +24,7 @@ from pamqp import commands as spec
 
 from relay.amqp import compat
 from relay.amqp.encoder import amqp_properties, publish_method, returned_row_id
-from relay.amqp.frames import Confirm, ConfirmTracker, FrameEncoder, TagRange
+from relay.amqp.frames import HEARD, Confirm, ConfirmTracker, FrameEncoder, TagRange
 from relay.interfaces import Message
 
 log = structlog.get_logger("relay.amqp.transports")
@@ -46,7 +46,7 @@ class Sent:
     @property
     def heard(self) -> bool:
         """The broker confirmed at least one message of the pass (it is alive)."""
-        return any(s in (Confirm.ACKED, Confirm.NACKED) for s in self.status)
+        return any(s in HEARD for s in self.status)
 
 
 class Transport(Protocol):
@@ -382,10 +382,9 @@ class Bulk:
 
     def _settle(self, channel: _ConfirmChannel, messages: Sequence[Message], tags: TagRange,
                 timed_out: bool, waited_s: float) -> Sent:
-        status = [
-            code if code != Confirm.PENDING
-            else (Confirm.TIMEOUT if timed_out and not channel.closed else Confirm.LOST)
-            for code in tags.status
-        ]
+        # Once for the pass, not per message: what a message with no confirm became.
+        unconfirmed = Confirm.TIMEOUT if timed_out and not channel.closed else Confirm.LOST
+        pending = Confirm.PENDING
+        status = [unconfirmed if code == pending else code for code in tags.status]
         return Sent(status, channel.returns.take([m.id for m in messages]),
                     channel.closing.reason if channel.closed else None, waited_s)

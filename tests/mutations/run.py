@@ -86,8 +86,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         promise="Bad rows: an unroutable (returned) message is not deleted as delivered",
         edits=(Edit(
             "relay/amqp/pipeline.py",
-            r"if status == Confirm\.ACKED and returned is None:",
-            "if status == Confirm.ACKED:",
+            r"if status == acked and returned is None:",
+            "if status == acked:",
         ),),
         test="tests/chaos/test_bad_rows.py",
     ),
@@ -97,7 +97,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         edits=(Edit(
             "relay/amqp/pipeline.py",
             r"(?P<i>[ \t]+)(returned = sent\.returned\.get\(m\.id\)\n)",
-            r"\g<i>if status == Confirm.TIMEOUT:\n"
+            r"\g<i>if status == timeout:\n"
             r"\g<i>    result.confirmed.append(m.id)\n"
             r"\g<i>    continue\n"
             r"\g<i>\2",
