@@ -73,7 +73,10 @@ async def test_broker_closes_the_channel_mid_pass__no_frame_after_the_close_ok_c
         messages = [Message(str(uuid.uuid4()), missing, "rk", b"x" * BODY, Properties(), False)
                     for _ in range(MESSAGES)]
         loop = asyncio.get_running_loop()
+        closes_before = compat.HOOK_CALLS.closes
         sent = await bulk.send(messages, loop.time() + 15)
+        # The installed aiormq calls the wrapped channel.close reader (compat.py's contract).
+        assert compat.HOOK_CALLS.closes == closes_before + 1
         assert order.writes_at_close_ok is not None, "the broker never closed the channel"
         assert order.writes_at_close_ok < MESSAGES // 2, (
             "the pass was written whole before the close: nothing was tested")
