@@ -364,9 +364,9 @@ async def start_http(
         backlog_stale_after_s=max(3 * settings.backlog_poll_interval_s, 30.0),
         connections=supervisors.snapshot,
     )
+    admin = admin_api(settings, db)
     http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
-                      status_page(db, broker_node, admin=settings.admin_token is not None),
-                      admin=admin_api(settings, db))
+                      status_page(db, broker_node, admin=admin.on), admin=admin)
     await http.start()
     return http
 

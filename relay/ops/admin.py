@@ -56,7 +56,8 @@ class AdminApi:
     @staticmethod
     def mine(path: str) -> bool:
         """The request is for the admin API."""
-        return urlsplit(path).path.startswith(PREFIX) or urlsplit(path).path == "/admin"
+        route = urlsplit(path).path
+        return route.startswith(PREFIX) or route == "/admin"
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str],
                      body: bytes) -> Response:
