@@ -237,16 +237,11 @@ async def _latencies(env: BenchEnv, plan: Plan) -> list[Figure]:
     return out
 
 
-async def _fairness_scenario(plan: Plan) -> dict[str, Any]:
-    return {"fairness": await _fairness(plan)}
-
-
-async def _fairness(plan: Plan) -> list[Figure]:
-    """Live rows beside a bulk job, with each number of relays, on a database of its own."""
+async def _fairness(env: BenchEnv, plan: Plan) -> list[Figure]:
+    """Live rows beside a bulk job, with each number of relays."""
     out: list[Figure] = []
     if not plan.fairness_rows:
         return out
-    env = await create_env("fairness")
     live_queue = await bind_live_queue(env)
     try:
         for relays in plan.fairness_relays:
@@ -261,7 +256,6 @@ async def _fairness(plan: Plan) -> list[Figure]:
     finally:
         await servers_answer()
         await common.delete_queues([live_queue])
-        await drop_env(env)
     return out
 
 
@@ -299,7 +293,7 @@ SUITE: dict[str, Callable[[Plan], Awaitable[dict[str, Any]]]] = {
     "tracing": lambda plan: _keyed("drain", "tracing", lambda env: _tracing_drains(env, plan)),
     "latency": lambda plan: _keyed("latency", "latency", lambda env: _latencies(env, plan)),
     "producers": _producers,
-    "fairness": _fairness_scenario,
+    "fairness": lambda plan: _keyed("fairness", "fairness", lambda env: _fairness(env, plan)),
 }
 # Scenarios with reports of their own (their options follow `--`).
 OWN_REPORTS = {"spark": "bench.spark.run", "trace-picture": "bench.trace_picture",
