@@ -326,7 +326,7 @@ SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL
 -- is; content over $4 bytes withheld as in claim.
 -- Its cost does not grow with rows it cannot take: it looks at two windows of $6 rows each,
 -- the table's first rows (a) and, when those give less than a batch, the rows after
--- max(a's end, $5) (b; $5 is the caller's cursor, relay/pg/store.py SingleActiveCursor, which
+-- max(a's end, $5) (b; $5 is the caller's cursor, relay/pg/store.py SingleActiveWalk, which
 -- moves on over rows that cannot go, a blocked key's stretch, one window per claim). A keyed
 -- row of b goes only when no row of its key lies between the two windows and every row of its
 -- key in a can go: each key keeps its order. Rows the cursor passed over that can go later (a
