@@ -18,7 +18,8 @@ from relay.pg.queries import TableNames
 from relay.settings import NotifyMode, Settings
 from tests import services
 from tests.chaos.pgcluster import PrivateCluster, pg18_bin_dir, remove_stale
-from tests.helpers import Consumer, Env, RelayProcess, pg_session, with_database
+from tests.helpers import Env, RelayProcess, pg_session, with_database
+from tests.kit.consumer import Consumer
 from tests.servers.rabbitmq_node import RabbitNode
 
 RUN_ID = secrets.token_hex(3)

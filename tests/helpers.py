@@ -1,4 +1,5 @@
-"""Test helpers: real relay processes, a real consumer, row producers, condition waits."""
+"""Test helpers: real relay processes, database sessions, condition waits. The consumer, the
+producer and the proxy are the kit's (tests/kit/)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
 import asyncpg
 
 RELAY_BIN = str(Path(sys.executable).with_name("relay"))
@@ -142,78 +141,6 @@ class RelayProcess:
     def log_text(self) -> str:
         """The whole log."""
         return self.log_path.read_text(errors="replace")
-
-
-@dataclass
-class Consumer:
-    """Consumes one queue and records every message (body, properties) it receives."""
-
-    amqp_url: str
-    queue: str
-    messages: list[aio_pika.abc.AbstractIncomingMessage] = field(default_factory=list)
-    _conn: Any = None
-
-    async def start(self) -> Consumer:
-        """Connect and start consuming."""
-        self._conn = await aio_pika.connect(self.amqp_url)
-        channel = await self._conn.channel()
-        await channel.set_qos(prefetch_count=1000)
-        queue = await channel.get_queue(self.queue, ensure=True)
-        await queue.consume(self._on_message, no_ack=True)
-        return self
-
-    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        self.messages.append(message)
-
-    async def stop(self) -> None:
-        """Close the connection."""
-        if self._conn is not None:
-            await self._conn.close()
-
-    def ids(self) -> list[str]:
-        """message_id of every message received, in order."""
-        return [str(m.message_id) for m in self.messages]
-
-    def bodies(self) -> list[Any]:
-        """Decoded JSON bodies, in order."""
-        return [json.loads(m.body) for m in self.messages]
-
-    def duplicates(self) -> int:
-        """How many receipts were repeats of an earlier message_id."""
-        return sum(n - 1 for n in Counter(self.ids()).values())
-
-    async def wait_for(self, count: int, timeout_s: float = 30.0) -> None:
-        """Wait until at least `count` distinct message ids arrived."""
-        await wait_until(
-            lambda: len(set(self.ids())) >= count,
-            timeout_s=timeout_s,
-            what=f"{count} distinct messages (have {len(set(self.ids()))})",
-        )
-
-
-async def insert_rows(
-    dsn: str,
-    exchange: str,
-    routing_key: str,
-    bodies: Iterable[Any],
-    *,
-    options: dict[str, Any] | None = None,
-    table: str = "queue_message",
-) -> list[str]:
-    """Insert rows with the classic INSERT in one transaction; return their ids."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch(
-            f"INSERT INTO {table} (exchange, routing_key, content, options) "
-            "SELECT $1, $2, c::jsonb, $4::jsonb FROM unnest($3::text[]) AS c RETURNING id::text",
-            exchange,
-            routing_key,
-            [json.dumps(b) for b in bodies],
-            None if options is None else json.dumps(options),
-        )
-    finally:
-        await conn.close()
-    return [r[0] for r in rows]
 
 
 async def count_rows(dsn: str, table: str = "queue_message") -> int:

@@ -13,17 +13,15 @@ from pathlib import Path
 from tests.chaos.harness import (
     Outcome,
     Relays,
-    RobustConsumer,
     assert_drained,
     assert_exactly_delivered,
-    fresh_ids,
-    insert_with_ids,
     relays,
     report,
 )
 from tests.chaos.inflight import FaultTally, LockProbe
-from tests.chaos.producer import ProducerProcess
 from tests.helpers import Env
+from tests.kit.consumer import Consumer
+from tests.kit.producer import ProducerProcess, fresh_ids, insert_with_ids
 
 
 @dataclass
@@ -32,7 +30,7 @@ class ChaosFlow:
 
     env: Env
     group: Relays
-    consumer: RobustConsumer
+    consumer: Consumer
     probe: LockProbe
     tally: FaultTally
     backlog: list[str]
@@ -77,7 +75,7 @@ async def chaos_flow(
     `relay_overrides`; everything stopped and killed at the end, also when the block fails."""
     ids = fresh_ids(backlog)
     await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids)
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=manual_ack).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True, manual_ack=manual_ack).start()
     probe = LockProbe(env.pg_dsn)
     producer = None if rate is None else ProducerProcess(
         env.pg_dsn, env.exchange, env.routing_key, tmp_path / "ids", rate=rate, chunk=chunk)

@@ -1,148 +1,23 @@
-"""What the chaos tests share: a consumer that survives a broker restart, a steady producer,
-relay processes, and the loss / duplicate report."""
+"""What the chaos tests share beside the kit (tests/kit/): relay processes, proxies to a
+server, broker users, and the loss / duplicate report."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import secrets
 import subprocess
-import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 
-from tests.helpers import Env, RelayProcess, count_rows, pg_execute, pg_session, wait_until
-from tests.proxy import TcpProxy
-
-QUIET_S = 5.0  # nothing arrives for this long while nothing is left anywhere: a loss
-
-
-@dataclass
-class RobustConsumer:
-    """Consumes a queue over a robust connection (re-consumes after a broker restart).
-
-    A message whose ack is lost with the connection comes again: counted as a duplicate.
-    """
-
-    amqp_url: str
-    queue: str
-    ids: list[str] = field(default_factory=list)
-    # message ids of the receipts the broker flagged redelivered (its own retries to us)
-    redelivered: list[str] = field(default_factory=list)
-    arrivals: dict[str, float] = field(default_factory=dict)
-    # Manual acks survive a broker restart (unacked messages are redelivered); tests that
-    # never stop the consumer's broker consume without acks, about twice as fast.
-    manual_ack: bool = True
-    _conn: Any = None
-
-    async def start(self) -> RobustConsumer:
-        """Connect and consume with automatic ack."""
-        self._conn = await aio_pika.connect_robust(self.amqp_url, reconnect_interval=0.5)
-        channel = await self._conn.channel()
-        await channel.set_qos(prefetch_count=2000)
-        queue = await channel.get_queue(self.queue, ensure=True)
-        # Manual acks: with no_ack, messages on the wire when the broker stops would be gone
-        # and counted as lost by the relay's test; unacked ones are redelivered instead.
-        await queue.consume(self._on_message, no_ack=not self.manual_ack)
-        return self
-
-    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        mid = str(message.message_id)
-        self.ids.append(mid)
-        if message.redelivered:
-            self.redelivered.append(mid)
-        self.arrivals.setdefault(mid, time.monotonic())
-        if self.manual_ack:
-            with contextlib.suppress(Exception):
-                await message.ack()
-
-    async def stop(self) -> None:
-        """Close the connection."""
-        if self._conn is not None:
-            await self._conn.close()
-
-    def distinct(self) -> int:
-        """Distinct message ids received."""
-        return len(set(self.ids))
-
-    async def wait_all(self, ids: list[str], timeout_s: float, dsn: str | None = None) -> None:
-        """Wait until every id arrived; the failure message says how many are missing.
-
-        With `dsn`, a loss is proven early: ids still missing while the outbox is empty, the
-        queue holds nothing and nothing arrived for QUIET_S, can no longer come.
-        """
-        want = set(ids)
-        quiet = {"count": -1, "since": time.monotonic()}
-
-        async def arrived_or_lost() -> bool:
-            if want <= set(self.ids):
-                return True
-            if dsn is None:
-                return False
-            if len(self.ids) != quiet["count"]:
-                quiet.update(count=len(self.ids), since=time.monotonic())
-                return False
-            if time.monotonic() - quiet["since"] < QUIET_S:
-                return False
-            if await count_rows(dsn) == 0 and await self._queue_depth() == 0:
-                raise AssertionError("lost: outbox and queue empty")
-            return False
-
-        try:
-            await wait_until(arrived_or_lost, timeout_s=timeout_s, interval_s=0.2)
-        except AssertionError as exc:
-            depth = await self._queue_depth()
-            where = await outbox_state(dsn, sorted(want - set(self.ids))) if dsn else ""
-            raise AssertionError(
-                f"{exc}: {len(want - set(self.ids))} of {len(want)} "
-                f"messages missing; {depth} ready in the queue; {where}"
-            ) from None
-
-    async def _queue_depth(self) -> int | str:
-        try:
-            conn = await aio_pika.connect(self.amqp_url)
-            try:
-                channel = await conn.channel()
-                queue = await channel.declare_queue(self.queue, passive=True)
-                return int(queue.declaration_result.message_count or 0)
-            finally:
-                await conn.close()
-        except Exception as exc:
-            return f"unknown ({exc!r})"
-
-
-async def outbox_state(dsn: str, missing: list[str]) -> str:
-    """Where missing rows are: still in the outbox (and their attempts), or dead."""
-    async with pg_session(dsn) as conn:
-        live = await conn.fetch(
-            "SELECT attempts, last_error, available_at > now() AS later, count(*) "
-            "FROM queue_message WHERE id = ANY($1::uuid[]) GROUP BY 1, 2, 3", missing)
-        dead = await conn.fetchval(
-            "SELECT count(*) FROM queue_message_dead WHERE id = ANY($1::uuid[])", missing)
-    return f"in the outbox: {[tuple(r) for r in live]}; dead: {dead}"
-
-
-def via_proxy(url: str, port: int) -> str:
-    """The same DSN or AMQP URL (user, password, database, query kept) through a local port."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    auth = netloc[0] + "@" if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
-
-
-async def proxy_for(url: str) -> TcpProxy:
-    """A started proxy to the server of a DSN or AMQP URL."""
-    parts = urlsplit(url)
-    return await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
+from tests.helpers import Env, RelayProcess, count_rows, wait_until
+from tests.kit.consumer import Consumer
 
 
 async def declare_names(env: Env) -> None:
@@ -157,35 +32,6 @@ async def declare_names(env: Env) -> None:
         await q.bind(x, env.routing_key)
     finally:
         await conn.close()
-
-
-def fresh_ids(n: int) -> list[str]:
-    """Client-side row ids, so a test knows every id it produced even across faults."""
-    return [str(uuid.uuid4()) for _ in range(n)]
-
-
-async def insert_with_ids(
-    dsn: str, exchange: str, routing_key: str, ids: list[str], *, pad: int = 0
-) -> None:
-    """Insert rows with the given ids (classic columns), in one statement."""
-    await pg_execute(
-        dsn, "INSERT INTO queue_message (id, exchange, routing_key, content) "
-        "SELECT i, $1, $2, jsonb_build_object('id', i::text, 'pad', repeat('x', $4)) "
-        "FROM unnest($3::uuid[]) AS i",
-        exchange, routing_key, ids, pad,
-    )
-
-
-async def produce(
-    env: Env, total: int, *, chunk: int, interval_s: float, dsn: str | None = None
-) -> list[str]:
-    """Insert `total` rows in chunks at a steady pace; return their ids in order."""
-    ids = fresh_ids(total)
-    for start in range(0, total, chunk):
-        await insert_with_ids(dsn or env.pg_dsn, env.exchange, env.routing_key,
-                              ids[start:start + chunk])
-        await asyncio.sleep(interval_s)
-    return ids
 
 
 @dataclass(frozen=True)
@@ -211,7 +57,7 @@ class Outcome:
                 f"(relay republished={self.republished}, broker redelivered={self.redelivered})")
 
 
-def report(name: str, ids: list[str], consumer: RobustConsumer) -> Outcome:
+def report(name: str, ids: list[str], consumer: Consumer) -> Outcome:
     """Print and return the outcome for the ids a test produced."""
     got = Counter(consumer.ids)
     first = Counter(consumer.ids)
@@ -229,7 +75,7 @@ def report(name: str, ids: list[str], consumer: RobustConsumer) -> Outcome:
     return outcome
 
 
-def assert_exactly_delivered(ids: list[str], consumer: RobustConsumer, outcome: Outcome,
+def assert_exactly_delivered(ids: list[str], consumer: Consumer, outcome: Outcome,
                              max_republished: int) -> None:
     """Every produced id arrived, nothing else did, and the relay's duplicates stay within
     what the faults could have caught in flight."""

@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import (
-    RobustConsumer,
-    assert_drained,
-    assert_exactly_delivered,
-    relays,
-    report,
-)
+from tests.chaos.harness import assert_drained, assert_exactly_delivered, relays, report
 from tests.helpers import Env, dead_reasons, pg_session, wait_until
+from tests.kit.consumer import Consumer
 
 pytestmark = pytest.mark.chaos
 
@@ -59,11 +54,12 @@ async def test_bad_rows__dead_lettered_with_reasons_while_good_rows_flow_exactly
         # A table of the classic shape allows NULLs; such rows must be dead-lettered, not crash.
         await conn.execute("ALTER TABLE queue_message ALTER COLUMN content DROP NOT NULL, "
                            "ALTER COLUMN exchange DROP NOT NULL")
+        # Hand-written: rows no application INSERT would make (NULL content or exchange).
         await conn.executemany(
             "INSERT INTO queue_message (id, exchange, routing_key, content, options) "
             "VALUES ($1, $2, $3, $4::jsonb, $5::jsonb)", rows)
 
-    consumer = await RobustConsumer(env.amqp_url, env.queue).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True, manual_ack=True).start()
     try:
         with relays(env, tmp_path, max_attempts=2, retry_base_s=0.2,
                     max_message_bytes=MAX_BYTES, batch_size=200) as group:

@@ -23,29 +23,12 @@ from relay.app import database_config
 from relay.pg.connection import connect_args
 from relay.settings import Settings
 from tests.chaos.flow import chaos_flow
-from tests.chaos.harness import (
-    Relays,
-    RobustConsumer,
-    assert_drained,
-    assert_exactly_delivered,
-    fresh_ids,
-    insert_with_ids,
-    proxy_for,
-    relays,
-    report,
-    via_proxy,
-)
+from tests.chaos.harness import Relays, assert_drained, assert_exactly_delivered, relays, report
 from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
-from tests.helpers import (
-    Consumer,
-    Env,
-    RelayProcess,
-    count_rows,
-    insert_rows,
-    pg_fetch,
-    pg_fetchrow,
-    wait_until,
-)
+from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, pg_fetchrow, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import fresh_ids, insert_rows, insert_with_ids
+from tests.kit.proxy import proxy_for, via_proxy
 
 pytestmark = pytest.mark.chaos
 
@@ -97,7 +80,7 @@ async def test_black_hole_to_rabbitmq__batches_sent_into_it_time_out_and_are_del
 ) -> None:
     proxy = await proxy_for(env.amqp_url)
     publish_timeout_s = 2.0
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True).start()
     try:
         # The AMQP URL without a heartbeat: aiormq's default (60 s) outlasts the test, so the
         # relay's confirm deadline is what ends each batch sent into the black hole.
@@ -235,7 +218,7 @@ async def test_sigterm_with_postgres_black_holed__exits_within_the_shutdown_boun
     shutdown_s = 3.0
     ids = fresh_ids(20_000)
     await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids)
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True).start()
     try:
         relay = start_relay(pg_dsn=via_proxy(env.pg_dsn, proxy.port), publish_timeout_s=2,
                             shutdown_timeout_s=shutdown_s)

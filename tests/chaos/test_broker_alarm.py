@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.flow import chaos_flow
-from tests.chaos.harness import declare_names, fresh_ids, insert_with_ids
+from tests.chaos.harness import declare_names
 from tests.helpers import Env, pg_fetch, wait_until
+from tests.kit.producer import fresh_ids, insert_with_ids
 from tests.servers.rabbitmq_node import RabbitNode
 
 pytestmark = pytest.mark.chaos

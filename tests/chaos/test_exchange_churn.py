@@ -14,8 +14,10 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from tests.chaos.harness import RobustConsumer, fresh_ids, insert_with_ids, relays
+from tests.chaos.harness import relays
 from tests.helpers import Env, pg_fetchval, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import fresh_ids, insert_with_ids
 
 pytestmark = pytest.mark.chaos
 
@@ -71,7 +73,7 @@ async def test_exchange_churn__no_returned_row_published_no_frames_on_a_closed_c
     await insert_with_ids(env.pg_dsn, env.exchange, "nowhere", returned[:30])
     await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, good)
     await insert_with_ids(env.pg_dsn, env.exchange, "nowhere", returned[30:])
-    consumer = await RobustConsumer(env.amqp_url, env.queue, manual_ack=False).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True).start()
     stop = asyncio.Event()
     churn = asyncio.ensure_future(_churn(env, stop))
     producer = asyncio.ensure_future(_produce(env, good, stop))

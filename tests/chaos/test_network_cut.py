@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.flow import chaos_flow
-from tests.chaos.harness import proxy_for, via_proxy
 from tests.chaos.inflight import LockProbe, caught_holding_rows
 from tests.helpers import Env, RelayProcess, count_rows, wait_until
-from tests.proxy import TcpProxy
+from tests.kit.proxy import TcpProxy, proxy_for, via_proxy
 
 pytestmark = pytest.mark.chaos
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import RobustConsumer, fresh_ids, insert_with_ids, relays
+from tests.chaos.harness import relays
 from tests.helpers import Env, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import fresh_ids, insert_rows, insert_with_ids
 
 pytestmark = pytest.mark.chaos
 
@@ -22,14 +24,12 @@ LATE_TOLERANCE_S = 0.8  # a loaded 2-core machine: wake-up, claim and publish of
 async def test_retry_timing__backoff_is_respected_and_other_rows_keep_flowing(
     env: Env, tmp_path: Path
 ) -> None:
-    consumer = await RobustConsumer(env.amqp_url, env.queue).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True, manual_ack=True).start()
     async with pg_session(env.pg_dsn) as conn:
         with relays(env, tmp_path, retry_base_s=BASE_S, retry_max_s=30, max_attempts=4,
                     poll_interval_s=30) as group:
             group.start()
-            (bad_id,) = await conn.fetchval(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "VALUES ($1, 'nowhere', '{}') RETURNING array[id::text]", env.exchange)
+            [bad_id] = await insert_rows(conn, env.exchange, "nowhere", [{}])
             # attempts -> (planned delay from the row, observed lateness of the next attempt)
             seen: dict[int, tuple[float, float]] = {}
             last = (0, None)
@@ -74,7 +74,7 @@ async def test_retry_timing__backoff_is_respected_and_other_rows_keep_flowing(
         await consumer.stop()
 
 
-async def _good_rows_flow(env: Env, consumer: RobustConsumer) -> float:
+async def _good_rows_flow(env: Env, consumer: Consumer) -> float:
     ids = fresh_ids(200)
     start = time.monotonic()
     await insert_with_ids(env.pg_dsn, env.exchange, env.routing_key, ids)
@@ -85,7 +85,7 @@ async def _good_rows_flow(env: Env, consumer: RobustConsumer) -> float:
 async def test_delayed_delivery__published_when_due_not_at_the_next_poll(
     env: Env, tmp_path: Path
 ) -> None:
-    consumer = await RobustConsumer(env.amqp_url, env.queue).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True, manual_ack=True).start()
     async with pg_session(env.pg_dsn) as conn:
         with relays(env, tmp_path, poll_interval_s=30) as group:
             relay = group.start()
@@ -95,10 +95,8 @@ async def test_delayed_delivery__published_when_due_not_at_the_next_poll(
             due: dict[str, tuple[float, float]] = {}
             for delay_s in (1.5, 3.0, 4.5):
                 sent = time.monotonic()
-                rid = await conn.fetchval(
-                    "INSERT INTO queue_message (exchange, routing_key, content, available_at) "
-                    "VALUES ($1, $2, '{}', now() + make_interval(secs => $3)) RETURNING id::text",
-                    env.exchange, env.routing_key, delay_s)
+                [rid] = await insert_rows(conn, env.exchange, env.routing_key, [{}],
+                                          delay_s=delay_s)
                 due[rid] = (sent + delay_s, time.monotonic() + delay_s)
             await consumer.wait_all(list(due), timeout_s=20)
         early = {rid: consumer.arrivals[rid] - first for rid, (first, _) in due.items()}

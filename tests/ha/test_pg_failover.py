@@ -15,17 +15,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.chaos.harness import (
-    RobustConsumer,
-    assert_exactly_delivered,
-    fresh_ids,
-    insert_with_ids,
-    relays,
-    report,
-)
+from tests.chaos.harness import assert_exactly_delivered, relays, report
 from tests.chaos.inflight import LockProbe, caught_holding_rows
 from tests.ha.pgpair import PrimaryStandby
 from tests.helpers import RELAY_BIN, Env, count_rows, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import fresh_ids, insert_with_ids
 
 pytestmark = [pytest.mark.ha, pytest.mark.timeout(600)]
 
@@ -77,7 +72,7 @@ async def test_pg_failover__primary_killed_standby_promoted_loses_nothing_and_re
     # the relay's. Every row is on the standby before the relays start.
     await wait_until(lambda: _replayed(primary_dsn, standby_dsn), timeout_s=60,
                      what="the standby to replay the backlog")
-    consumer = await RobustConsumer(env.amqp_url, env.queue).start()
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True, manual_ack=True).start()
     try:
         with relays(env, tmp_path, reconnect_max_s=RECONNECT_MAX_S,
                     poll_interval_s=POLL_INTERVAL_S, batch_size=100, concurrency=2) as group:

@@ -17,17 +17,11 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from tests.chaos.harness import (
-    RobustConsumer,
-    assert_drained,
-    fresh_ids,
-    insert_with_ids,
-    outbox_state,
-    relays,
-    report,
-)
+from tests.chaos.harness import assert_drained, relays, report
 from tests.ha.rabbit_cluster import RabbitCluster, nodes_of, remove_strays
 from tests.helpers import Env, RelayProcess, pg_fetchval, wait_until
+from tests.kit.consumer import Consumer, outbox_state
+from tests.kit.producer import fresh_ids, insert_with_ids
 from tests.servers.rabbitmq_node import free_port
 
 pytestmark = [
@@ -111,7 +105,7 @@ async def _state(cluster: RabbitCluster, procs: list[RelayProcess], queue: str) 
     return "\n".join(lines)
 
 
-async def _all_delivered(ids: list[str], consumers: list[RobustConsumer]) -> None:
+async def _all_delivered(ids: list[str], consumers: list[Consumer]) -> None:
     """Wait until every row arrived, as long as deliveries keep coming: on a loaded machine
     the consumers may trail the relays by tens of thousands of messages (the queue holds them),
     which is slow, not stuck. Fails after STALL_S without a new delivery."""
@@ -126,7 +120,7 @@ async def _all_delivered(ids: list[str], consumers: list[RobustConsumer]) -> Non
         await asyncio.sleep(0.5)
 
 
-async def _stop(nodename: str, cluster: RabbitCluster, consumers: list[RobustConsumer],
+async def _stop(nodename: str, cluster: RabbitCluster, consumers: list[Consumer],
                 procs: list[RelayProcess]) -> None:
     """Stop a node; return once rows flow again and no relay publishes through it; then start
     it again (one node down at a time: the quorum queue keeps its majority)."""
@@ -160,7 +154,7 @@ async def test_rabbitmq_cluster__node_of_each_relay_stopped_loses_nothing(
     env = Env(pg_dsn=db, amqp_url=",".join(cluster.urls), exchange=exchange, queue=queue)
     consumers = []
     for url in cluster.urls:  # one per node: the others carry on while one node is down
-        consumers.append(await RobustConsumer(url, queue).start())
+        consumers.append(await Consumer(url, queue, robust=True, manual_ack=True).start())
     started = time.monotonic()
     producer: asyncio.Future[None] | None = None
     try:
@@ -196,7 +190,7 @@ async def test_rabbitmq_cluster__node_of_each_relay_stopped_loses_nothing(
                 raise AssertionError(f"{exc} (nodes stopped so far: {stopped}): "
                                      f"{len(missing)} rows missing; {where}\n{state}") from None
             await assert_drained(db)
-            merged = RobustConsumer(env.amqp_url, queue,
+            merged = Consumer(env.amqp_url, queue,
                                     ids=[i for c in consumers for i in c.ids],
                                     redelivered=[i for c in consumers for i in c.redelivered])
             outcome = report("rabbitmq cluster (node of each relay stopped)", ids, merged)
@@ -245,8 +239,8 @@ async def test_rabbitmq_cluster__a_quorum_queue_without_its_majority_holds_back_
     await insert_with_ids(db, exchange, "rk", quorum_ids)  # the oldest rows: batch heads
     await insert_with_ids(db, exchange, "classic", classic_ids)
     env = Env(pg_dsn=db, amqp_url=url, exchange=exchange, queue=classic)
-    classic_consumer = await RobustConsumer(url, classic).start()
-    quorum_consumer: RobustConsumer | None = None
+    classic_consumer = await Consumer(url, classic, robust=True, manual_ack=True).start()
+    quorum_consumer: Consumer | None = None
     try:
         with relays(env, tmp_path, publish_timeout_s=3, batch_size=100) as group:
             relay = group.start()
@@ -270,7 +264,7 @@ async def test_rabbitmq_cluster__a_quorum_queue_without_its_majority_holds_back_
             assert "destination_silent" in relay.log_text()
             for node in cluster.nodes[1:]:
                 await asyncio.to_thread(cluster.start_node, node)
-            quorum_consumer = await RobustConsumer(url, quorum).start()
+            quorum_consumer = await Consumer(url, quorum, robust=True, manual_ack=True).start()
             await wait_until(lambda: set(quorum_ids) <= set(quorum_consumer.ids),
                              timeout_s=180, interval_s=0.5,
                              what="every quorum row once the majority is back")

@@ -18,8 +18,10 @@ import time
 
 import pytest
 
-from tests.helpers import Consumer, count_rows, insert_rows, pg_fetchval, wait_until
-from tests.proxy import free_port
+from tests.helpers import count_rows, pg_fetchval, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import free_port
 
 LABEL = "outbox-relay-ci"  # .ci/image.sh removes containers with this label
 GRACE_S = 30  # docker stop's grace period, as a Deployment's terminationGracePeriodSeconds
@@ -104,7 +106,7 @@ async def test_runtime_image__migrates_delivers_reports_healthy_and_stops_cleanl
         assert stop_s < GRACE_S, f"stop took {stop_s:.1f}s"
         assert '"relay_stopped"' in logs
         await asyncio.sleep(1)  # the last confirms' messages reach the consumer
-        delivered = set(consumer.ids())
+        delivered = set(consumer.ids)
         left = await count_rows(empty_db)
         assert set(first) <= delivered
         assert len(delivered & set(second)) + left == len(second), "a row was lost"

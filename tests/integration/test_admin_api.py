@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from relay.pg.queries import Queries, TableNames
-from tests.helpers import Consumer, Env, insert_rows, pg_fetchval, pg_session, wait_until
+from tests.helpers import Env, pg_fetchval, pg_session, wait_until
 from tests.integration.test_status_page import CHROMIUM_FLAGS
-from tests.proxy import free_port
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import free_port
 
 Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
 TOKEN = "s3cret-admin-token-0123456789"
@@ -107,7 +109,7 @@ async def test_admin_api__token_refusals_then_a_replay_that_reaches_the_consumer
     status, replayed = await call(port, "POST", "/admin/dead/replay", body={"ids": [parked[0]]})
     assert (status, replayed) == (200, {"replayed": [parked[0]], "left": []})
     await consumer.wait_for(1, timeout_s=30)
-    assert consumer.ids() == [parked[0]]
+    assert consumer.ids == [parked[0]]
     # Purge what matched, nothing else.
     status, purged = await call(port, "POST", "/admin/dead/purge", body={"ids": [parked[1]]})
     assert (status, purged) == (200, {"purged": 1})
@@ -279,5 +281,5 @@ async def test_status_page__a_parked_row_replayed_from_the_page_reaches_the_cons
     assert refused.startswith("replay exchange was missing: a valid `Authorization"), refused
     assert done == "replay exchange was missing: replayed 1, left 0"
     await consumer.wait_for(1, timeout_s=30)
-    assert consumer.ids() == parked
+    assert consumer.ids == parked
     assert await _dead(env) == 0

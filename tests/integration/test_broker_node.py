@@ -11,9 +11,11 @@ import subprocess
 
 import aio_pika
 
-from tests.helpers import RELAY_BIN, Consumer, Env, insert_rows, wait_until
+from tests.helpers import RELAY_BIN, Env, wait_until
 from tests.integration.test_http import http_get, probe, samples, via
-from tests.proxy import TcpProxy, free_port
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import TcpProxy, free_port
 
 
 async def _node_metrics(port: int) -> tuple[set[str], float | None]:
@@ -70,7 +72,7 @@ async def test_broker_node__shown_in_metrics_healthz_and_status_page_and_failove
             == [other]
         ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [1, 2])
         await consumer.wait_for(2, timeout_s=15)
-        assert set(consumer.ids()) == set(ids)
+        assert set(consumer.ids) == set(ids)
         assert relay.alive()
     finally:
         for proxy in proxies.values():

@@ -14,10 +14,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.chaos.harness import broker_user as temporary_broker_user
-from tests.chaos.harness import rabbitmqctl, via_proxy
-from tests.helpers import Consumer, Env, insert_rows, pg_session, with_user
+from tests.chaos.harness import rabbitmqctl
+from tests.helpers import Env, pg_session, with_user
 from tests.integration.test_http import http_get
-from tests.proxy import TcpProxy, free_port
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import TcpProxy, free_port, via_proxy
 
 
 @pytest.fixture
@@ -68,7 +70,7 @@ async def test_credentials_rotated_after_start__backs_off_reports_and_delivers_o
         # The operator puts the password the relay has back: everything is delivered.
         rabbitmqctl("change_password", user, password)
         await consumer.wait_for(10, timeout_s=60)
-        assert sorted(set(consumer.ids())) == sorted(first + during)
+        assert sorted(set(consumer.ids)) == sorted(first + during)
         assert await relay.stop() == 0
     finally:
         await proxy.close()
@@ -122,7 +124,7 @@ async def test_handshake_reset_by_a_front__waits_like_an_absent_broker_every_lin
         ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
         relay = start_relay(amqp_url=via_proxy(env.amqp_url, front.port))
         await consumer.wait_for(5, timeout_s=60)
-        assert sorted(consumer.ids()) == sorted(ids)
+        assert sorted(consumer.ids) == sorted(ids)
         assert front.resets >= 2
         assert relay.alive()
         assert await relay.stop() == 0
@@ -172,7 +174,7 @@ async def test_database_login_refused_after_start__backs_off_and_delivers_once_a
             assert relay.alive()
             await admin.execute(f"ALTER ROLE {role} LOGIN")
             await consumer.wait_for(10, timeout_s=60)
-            assert sorted(set(consumer.ids())) == sorted(first + during)
+            assert sorted(set(consumer.ids)) == sorted(first + during)
             assert await relay.stop() == 0
         finally:
             await proxy.close()

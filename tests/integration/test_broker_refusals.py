@@ -12,15 +12,8 @@ import aio_pika
 import pytest
 
 from tests.chaos.harness import broker_user, rabbitmqctl
-from tests.helpers import (
-    Consumer,
-    Env,
-    count_rows,
-    dead_reasons,
-    pg_session,
-    wait_until,
-    with_user,
-)
+from tests.helpers import Env, count_rows, dead_reasons, pg_session, wait_until, with_user
+from tests.kit.consumer import Consumer
 
 
 @pytest.fixture
@@ -54,7 +47,7 @@ async def test_refused_destinations__parked_alone_no_duplicate_no_good_row_blame
     relays = [start_relay(amqp_url=url, concurrency=3, max_attempts=1) for _ in range(2)]
     await consumer.wait_for(900, timeout_s=60)
     await wait_until(lambda: _empty(env), what="every row settled")
-    receipts = Counter(consumer.ids())
+    receipts = Counter(consumer.ids)
     assert set(receipts) == set(ids) - refused
     assert max(receipts.values()) == 1, [k for k, n in receipts.items() if n > 1][:5]
     dead = await dead_reasons(env.pg_dsn)
@@ -98,7 +91,7 @@ async def test_refused_routing_key__only_its_rows_are_parked_the_exchange_flows(
                               max_attempts=1) for _ in range(2)]
         await consumer.wait_for(600, timeout_s=60)
         await wait_until(lambda: _empty(env), what="every row settled")
-    receipts = Counter(consumer.ids())
+    receipts = Counter(consumer.ids)
     assert set(receipts) == set(ids) - denied
     duplicates = sum(n - 1 for n in receipts.values())
     print(f"\n[refusals] 3 denied routing keys among 600 rows, 2 relays: {duplicates} duplicates")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import pytest
@@ -15,7 +14,10 @@ import pytest
 from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.interfaces import Message, PublishResult, Reason
 from relay.options import Properties
-from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_fetch, wait_until
+from tests.helpers import Env, count_rows, pg_fetch, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import proxy_for, via_proxy
 
 
 def _messages(
@@ -57,7 +59,7 @@ async def test_bulk_publish__acked_batches_in_flight_together_are_confirmed_and_
     consumer = await Consumer(amqp_url, queue).start()
     try:
         await consumer.wait_for(2800)
-        assert sorted(consumer.ids()) == sorted(m.id for b in batches for m in b)
+        assert sorted(consumer.ids) == sorted(m.id for b in batches for m in b)
     finally:
         await consumer.stop()
 
@@ -161,65 +163,13 @@ async def test_bulk_publish__exchange_deleted_after_check_fails_only_its_rows(
     assert len(again.confirmed) == 10
 
 
-class _CuttableProxy:
-    """A TCP proxy to RabbitMQ that can hold the broker's replies and then cut the line."""
-
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        self.upstream = (upstream_host, upstream_port)
-        self.hold_replies = False
-        self.bytes_up = 0
-        self._writers: list[asyncio.StreamWriter] = []
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def _serve(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
-        u_reader, u_writer = await asyncio.open_connection(*self.upstream)
-        self._writers += [c_writer, u_writer]
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
-            try:
-                while data := await src.read(65536):
-                    if up:
-                        self.bytes_up += len(data)
-                    elif self.hold_replies:
-                        continue  # swallowed: the client never hears these confirms
-                    dst.write(data)
-                    await dst.drain()
-            except OSError:
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pump(c_reader, u_writer, True), pump(u_reader, c_writer, False))
-
-    def cut(self) -> None:
-        for w in self._writers:
-            w.transport.abort()
-        self._writers.clear()
-        self.hold_replies = False
-
-    async def close(self) -> None:
-        self.cut()
-        if self._server is not None:
-            self._server.close()
-
-
-def _proxied(amqp_url: str, port: int) -> str:
-    parts = urlsplit(amqp_url)
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{port}"))
-
-
 @pytest.mark.parametrize("kind", [BulkPublisher, AmqpPublisher], ids=["bulk", "per_message"])
 async def test_publish__connection_lost_before_confirms_leaves_batch_unsent(
     amqp_url: str, broker_names: tuple[str, str], kind: type[Pipeline]
 ) -> None:
     exchange, _ = broker_names
-    parts = urlsplit(amqp_url)
-    proxy = _CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5672)
-    publisher = await _publisher(_proxied(amqp_url, await proxy.start()), kind)
+    proxy = await proxy_for(amqp_url)
+    publisher = await _publisher(via_proxy(amqp_url, proxy.port), kind)
     try:
         assert len((await publisher.publish(_messages(exchange, "rk", 5))).confirmed) == 5
         proxy.hold_replies = True
@@ -227,7 +177,7 @@ async def test_publish__connection_lost_before_confirms_leaves_batch_unsent(
         batch = _messages(exchange, "rk", 500)
         task = asyncio.ensure_future(publisher.publish(batch))
         await wait_until(lambda: proxy.bytes_up - sent_before > 500 * 100, what="batch written")
-        proxy.cut()
+        await proxy.reset()
         result = await asyncio.wait_for(task, timeout=30)
         assert result.confirmed == []
         assert sorted(result.unsent) == sorted(m.id for m in batch)
@@ -246,9 +196,8 @@ async def test_publish__a_silent_broker_leaves_rows_untouched_and_reconnects(
     """A network cut that drops packets looks like a broker that stops answering: no confirm
     comes back. Not the rows' fault: untouched, no attempt counted, and a new connection."""
     exchange, _ = broker_names
-    parts = urlsplit(amqp_url)
-    proxy = _CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5672)
-    publisher = await _publisher(_proxied(amqp_url, await proxy.start()), BulkPublisher,
+    proxy = await proxy_for(amqp_url)
+    publisher = await _publisher(via_proxy(amqp_url, proxy.port), BulkPublisher,
                                  timeout_s=2)
     try:
         assert len((await publisher.publish(_messages(exchange, "rk", 5))).confirmed) == 5
@@ -278,7 +227,7 @@ async def test_relay_run_with_bulk_publisher__deletes_delivered_rows_and_keeps_u
     await consumer.wait_for(1200, timeout_s=60)
     await wait_until(lambda: _rows_left_are(env.pg_dsn, bad), timeout_s=60,
                      what="only the unroutable row left")
-    assert sorted(consumer.ids()) == sorted(good)
+    assert sorted(consumer.ids) == sorted(good)
     assert await count_rows(env.pg_dsn) == 1
     assert relay.terminate() == 0
 

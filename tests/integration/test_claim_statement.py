@@ -8,6 +8,7 @@ import asyncpg
 from relay.pg.queries import Queries, TableNames
 from relay.pg.seqfloor import FROM_START
 from tests.helpers import pg_session
+from tests.kit.producer import insert_rows
 
 CLAIM = Queries(TableNames(None, "queue_message", "queue_message_notify"))["claim"]
 KEYS_PER_BATCH = 16
@@ -35,10 +36,8 @@ async def _claimed(conn: asyncpg.Connection, limit: int, keyed_first: bool,
 async def test_claim__each_kind_first_in_turn_and_the_other_in_the_room_left(db: str) -> None:
     async with pg_session(db) as conn:
         # seq order: 3 unkeyed, then a run of 3 rows of key a, then 3 unkeyed.
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-            "SELECT 'x', 'rk', jsonb_build_object('g', g), CASE WHEN g BETWEEN 4 AND 6 "
-            "THEN 'a' END FROM generate_series(1, 9) g ORDER BY g")
+        await insert_rows(conn, "x", "rk", ({"g": g} for g in range(1, 10)),
+                          ordering_keys=["a" if 4 <= g <= 6 else None for g in range(1, 10)])
         keys, locks = await _claimed(conn, 4, True)
         assert keys == [None, "a", "a", "a"]  # the key's run, then one unkeyed row
         assert locks == 1
@@ -54,10 +53,8 @@ async def test_claim__each_kind_first_in_turn_and_the_other_in_the_room_left(db:
 
 async def test_claim__the_byte_budget_spent_by_one_kind_leaves_the_other_out(db: str) -> None:
     async with pg_session(db) as conn:
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-            "VALUES ('x', 'rk', '{\"pad\": \"" + "p" * 1000 + "\"}', NULL), "
-            "('x', 'rk', '{\"n\": 1}', 'a')")
+        await insert_rows(conn, "x", "rk", [{"pad": "p" * 1000}])
+        await insert_rows(conn, "x", "rk", [{"n": 1}], ordering_keys="a")
         # The first row always goes, however large; then nothing is left for the key.
         keys, locks = await _claimed(conn, 10, False, 100)
         assert (keys, locks) == ([None], 0)
@@ -76,13 +73,10 @@ async def test_claim__the_fair_round_reads_each_transaction_from_its_own_index_r
     index: a plan that walked the seq index filtering on xact read the bulk's rows once per
     transaction (32 x ~20 ms per claim, the drain fell to a quarter of its speed)."""
     async with pg_session(db) as conn:
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT 'x', 'rk', jsonb_build_object('g', g) FROM generate_series(1, 30000) g")
+        await insert_rows(conn, "x", "rk", ({"g": g} for g in range(1, 30_001)))
         await conn.execute("ANALYZE queue_message")
         for i in range(40):
-            await conn.execute("INSERT INTO queue_message (exchange, routing_key, content) "
-                               "VALUES ('x', 'rk', jsonb_build_object('live', $1::int))", i)
+            await insert_rows(conn, "x", "rk", [{"live": i}])
         # The plan the server picks for this claim's values, and the generic plan it keeps
         # once a prepared claim has run a few times.
         for plan_mode in ("force_custom_plan", "force_generic_plan"):
@@ -118,13 +112,10 @@ async def test_claim__the_express_lane_takes_newer_transactions_and_the_drain_th
     start (query claim_express, `after`), and the drain's own fair round stops at that
     transaction ($7, `upto`), so a row committed meanwhile goes with the lane's small batch."""
     async with pg_session(db) as conn:
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT 'x', 'rk', jsonb_build_object('g', g) FROM generate_series(1, 200) g")
+        await insert_rows(conn, "x", "rk", ({"g": g} for g in range(1, 201)))
         base = int(await conn.fetchval("SELECT max(xact)::text FROM queue_message"))
         for i in range(3):
-            await conn.execute("INSERT INTO queue_message (exchange, routing_key, content) "
-                               "VALUES ('x', 'rk', jsonb_build_object('live', $1::int))", i)
+            await insert_rows(conn, "x", "rk", [{"live": i}])
         live = {r[0] for r in await conn.fetch(
             "SELECT seq FROM queue_message WHERE xact > $1::text::xid8", str(base))}
         express = Queries(TableNames(None, "queue_message", "queue_message_notify"))[

@@ -9,11 +9,15 @@ import time
 
 from relay.app import database_config
 from relay.supervise import DOWN_EVENTS as CONNECTION_DOWN_EVENTS
-from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_fetch, pg_fetchval, wait_until
+from tests.helpers import Env, count_rows, pg_fetch, pg_fetchval, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 
 async def _insert_with(env: Env, column: str, value: str, body: object,
                        exchange: str | None = None) -> str:
+    """A row with one column set by hand (a hand-written INSERT: the column's range is the
+    subject)."""
     return str(await pg_fetchval(
         env.pg_dsn, f"INSERT INTO queue_message (exchange, routing_key, content, {column}) "
         f"VALUES ($1, $2, $3::jsonb, $4::text::{_type(column)}) RETURNING id::text",
@@ -47,7 +51,7 @@ async def test_extreme_attempts__the_failing_row_is_settled_and_good_rows_flow_o
     # A negative count reads as none made: the row got its full three attempts.
     assert dead[negative][0] == 3
     await asyncio.sleep(1.0)  # any re-publication of the acked rows would show now
-    assert sorted(set(consumer.ids())) == sorted(good + later)
+    assert sorted(set(consumer.ids)) == sorted(good + later)
     assert consumer.duplicates() == 0
     assert await count_rows(env.pg_dsn) == 0
     assert relay.alive()
@@ -80,7 +84,7 @@ async def test_available_at_infinity__an_idle_relay_stays_idle_and_later_rows_fl
     assert rate < 20, f"an idle relay ran {rate:.0f} transactions a second"
     later = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [2])
     await consumer.wait_for(2, timeout_s=5)
-    assert sorted(consumer.ids()) == sorted(first + later)
+    assert sorted(consumer.ids) == sorted(first + later)
     assert await pg_fetchval(
         env.pg_dsn, "SELECT count(*) FROM queue_message WHERE id = $1", never) == 1
     assert not [e for e in relay.log_events()
@@ -107,4 +111,4 @@ async def test_infinite_created_at__delivered_and_status_still_reports(
     assert 0 <= backlog["oldest_due_age_s"] <= 3155760000
     start_relay()
     await consumer.wait_for(3)
-    assert sorted(consumer.ids()) == sorted([past, future, now_due])
+    assert sorted(consumer.ids) == sorted([past, future, now_due])

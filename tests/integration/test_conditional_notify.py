@@ -10,15 +10,12 @@ noise, reported in the printed distribution).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import subprocess
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
-import aio_pika
 import asyncpg
 import pytest
 
@@ -34,44 +31,14 @@ from tests.helpers import (
     pg_session,
     wait_until,
 )
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 Q = Queries(NAMES)
 POLL_S = 30  # a missed wake-up would wait this long
 BOUND_S = 2.0
 BURST_TIMEOUT_S = 10.0
-
-INSERT = "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) " \
-         "RETURNING id::text"
-
-
-class TimedConsumer:
-    """Records the monotonic receive time of every message id."""
-
-    def __init__(self, amqp_url: str, queue: str) -> None:
-        self.amqp_url, self.queue = amqp_url, queue
-        self.received: dict[str, float] = {}
-        self._conn: Any = None
-
-    async def start(self) -> TimedConsumer:
-        self._conn = await aio_pika.connect(self.amqp_url)
-        channel = await self._conn.channel()
-        await channel.set_qos(prefetch_count=2000)
-        queue = await channel.get_queue(self.queue, ensure=True)
-        await queue.consume(self._on_message, no_ack=True)
-        return self
-
-    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        self.received.setdefault(str(message.message_id), time.monotonic())
-
-    async def stop(self) -> None:
-        await self._conn.close()
-
-    async def wait_for_ids(self, ids: list[str], timeout_s: float = 60.0) -> None:
-        await wait_until(
-            lambda: all(i in self.received for i in ids), timeout_s=timeout_s,
-            what=f"{len(ids)} ids ({sum(i in self.received for i in ids)} received)",
-        )
 
 
 class NotifyCounter:
@@ -111,8 +78,8 @@ async def cond_env(env: Env) -> Env:
 
 
 @pytest.fixture
-async def timed(cond_env: Env) -> AsyncIterator[TimedConsumer]:
-    c = await TimedConsumer(cond_env.amqp_url, cond_env.queue).start()
+async def timed(cond_env: Env) -> AsyncIterator[Consumer]:
+    c = await Consumer(cond_env.amqp_url, cond_env.queue).start()  # records arrival times
     yield c
     await c.stop()
 
@@ -157,7 +124,7 @@ async def produce_one(
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
-        row_id = await conn.fetchval(INSERT, env.exchange, "rk", json.dumps({"t": think_s}))
+        [row_id] = await insert_rows(conn, env.exchange, "rk", [{"t": think_s}])
         if think_s:
             await asyncio.sleep(think_s)
         if straddlers is not None:
@@ -177,7 +144,7 @@ def distribution(latencies_s: list[float]) -> str:
 
 
 async def test_conditional__race_straddling_sleep_delivers_every_row_within_bound(
-    cond_env: Env, timed: TimedConsumer, notifications: NotifyCounter, start_relay
+    cond_env: Env, timed: Consumer, notifications: NotifyCounter, start_relay
 ) -> None:
     env = cond_env
     start_relay(poll_interval_s=POLL_S)
@@ -203,14 +170,14 @@ async def test_conditional__race_straddling_sleep_delivers_every_row_within_boun
         before = set(commits)
         await asyncio.gather(*(tx(rng.uniform(0, 0.03)) for _ in range(size)))
         burst = [i for i in commits if i not in before]
-        await timed.wait_for_ids(burst, timeout_s=BURST_TIMEOUT_S)
+        await timed.wait_all(burst, timeout_s=BURST_TIMEOUT_S)
         done += size
         await asyncio.sleep(rng.uniform(0, 0.03))
     await pool.close()
-    await timed.wait_for_ids(list(commits), timeout_s=60)
-    latencies = [timed.received[i] - t for i, t in commits.items()]
+    await timed.wait_all(list(commits), timeout_s=60)
+    latencies = [timed.arrivals[i] - t for i, t in commits.items()]
     sent = await notifications.settle()
-    straddled = [timed.received[i] - commits[i] for i in straddlers]
+    straddled = [timed.arrivals[i] - commits[i] for i in straddlers]
     print(f"\nrace: {distribution(latencies)}; notifications={sent} for 2000 transactions; "
           f"{len(straddlers)} skipped the NOTIFY while the relay waited to sleep: "
           f"{distribution(straddled) if len(straddled) > 1 else straddled}")
@@ -227,11 +194,7 @@ async def test_conditional__no_notifications_while_relay_drains_backlog(
 ) -> None:
     env = cond_env
     async with pg_session(env.pg_dsn) as conn:
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT $1, 'rk', jsonb_build_object('n', g) FROM generate_series(1, 10000) g",
-            env.exchange,
-        )
+        await insert_rows(conn, env.exchange, "rk", ({"n": g} for g in range(1, 10_001)))
         backlog_sent = await notifications.settle()  # no relay sleeps: the bulk insert is silent
         start_relay(poll_interval_s=POLL_S, batch_size=100, concurrency=1)
         await wait_until(lambda: _below(env.pg_dsn, 9_500), what="relay draining")
@@ -259,7 +222,7 @@ async def _notified_beyond(counter: NotifyCounter, n: int) -> bool:
 
 @pytest.mark.parametrize("state", ["asleep", "awake"])
 async def test_conditional__relay_killed_while_asleep_or_awake_then_new_relay_serves_producers(
-    cond_env: Env, timed: TimedConsumer, notifications: NotifyCounter, start_relay, state: str
+    cond_env: Env, timed: Consumer, notifications: NotifyCounter, start_relay, state: str
 ) -> None:
     env = cond_env
     old = start_relay(poll_interval_s=POLL_S, batch_size=100, concurrency=1)
@@ -267,11 +230,7 @@ async def test_conditional__relay_killed_while_asleep_or_awake_then_new_relay_se
         await wait_sleepers(env.pg_dsn, 1)
     else:
         async with pg_session(env.pg_dsn) as conn:
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "SELECT $1, 'rk', jsonb_build_object('n', g) FROM generate_series(1, 10000) g",
-                env.exchange,
-            )
+            await insert_rows(conn, env.exchange, "rk", ({"n": g} for g in range(1, 10_001)))
         await wait_until(lambda: _below(env.pg_dsn, 9_500), what="relay draining")
         assert await sleepers(env.pg_dsn) == 0
     old.kill()
@@ -281,14 +240,14 @@ async def test_conditional__relay_killed_while_asleep_or_awake_then_new_relay_se
     pool = await asyncpg.create_pool(env.pg_dsn, min_size=4, max_size=4)
     orphan, _ = await produce_one(pool, env)  # committed with no relay running
     new = start_relay(poll_interval_s=POLL_S)
-    await timed.wait_for_ids([orphan], timeout_s=60)
+    await timed.wait_all([orphan], timeout_s=60)
     await wait_sleepers(env.pg_dsn, 1, timeout_s=60)
     before = await notifications.settle()
     latencies = []
     for _ in range(20):
         row_id, committed = await produce_one(pool, env)
-        await timed.wait_for_ids([row_id], timeout_s=POLL_S + 10)
-        latencies.append(timed.received[row_id] - committed)
+        await timed.wait_all([row_id], timeout_s=POLL_S + 10)
+        latencies.append(timed.arrivals[row_id] - committed)
         await wait_sleepers(env.pg_dsn, 1)
     await pool.close()
     sent = await notifications.settle() - before
@@ -311,7 +270,7 @@ def run_migrate(env: Env, mode: str) -> None:
 
 
 async def test_migrate__switches_notify_mode_on_live_table_with_running_relay(
-    cond_env: Env, timed: TimedConsumer, notifications: NotifyCounter, start_relay
+    cond_env: Env, timed: Consumer, notifications: NotifyCounter, start_relay
 ) -> None:
     env = cond_env
     relay: RelayProcess = start_relay(poll_interval_s=5, poll_min_interval_s=0.05)
@@ -320,8 +279,8 @@ async def test_migrate__switches_notify_mode_on_live_table_with_running_relay(
 
     async def delivered_within(bound_s: float) -> float:
         row_id, committed = await produce_one(pool, env)
-        await timed.wait_for_ids([row_id], timeout_s=30)
-        latency = timed.received[row_id] - committed
+        await timed.wait_all([row_id], timeout_s=30)
+        latency = timed.arrivals[row_id] - committed
         assert latency < bound_s, f"{latency:.3f}s"
         return latency
 

@@ -11,8 +11,8 @@ import time
 from relay.app import database_config, make_listener
 from relay.settings import Settings
 from relay.supervise import Backoff, Supervisors
-from tests.chaos.harness import proxy_for, via_proxy
 from tests.helpers import wait_until
+from tests.kit.proxy import proxy_for, via_proxy
 
 
 async def test_listener_back__ends_the_worker_pools_backoff_at_once(db: str) -> None:

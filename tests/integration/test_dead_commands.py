@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.helpers import (
-    RELAY_BIN,
-    Env,
-    count_rows,
-    pg_execute,
-    pg_fetch,
-    pg_session,
-    wait_until,
-)
+from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_fetch, pg_session, wait_until
+from tests.kit.producer import add_dead_letters, insert_rows
 
 DEAD = "queue_message_dead"
 
@@ -23,18 +16,6 @@ def relay(env: Env, *args: str, **settings: object) -> subprocess.CompletedProce
         [RELAY_BIN, *args], env=env.relay_env(**settings), capture_output=True, text=True,
         timeout=120, check=False,
     )
-
-
-async def add_dead_letters(dsn: str, n: int, *, exchange: str, reason: str = "r",
-                           age: str = "0 s") -> None:
-    """n dead letters, dead for `age` (an interval), publishable to `exchange`."""
-    await pg_execute(
-        dsn, f"INSERT INTO {DEAD} (id, seq, exchange, routing_key, content, created_at, "
-        "available_at, attempts, reason, dead_at) "
-        "SELECT gen_random_uuid(), g, $1, 'rk', '{}'::jsonb, now(), now(), 1, $2, "
-        "now() - $3::text::interval - make_interval(secs => g) "
-        "FROM generate_series(1, $4) AS g",
-        exchange, reason, age, n)
 
 
 async def test_dead_list__says_how_many_of_how_many_it_shows(env: Env) -> None:
@@ -100,14 +81,10 @@ async def test_dead_letters__a_reused_id_keeps_every_parked_row_and_replay_says_
     content and dropped the new row's."""
     missing = "no-such-exchange-reused"
     async with pg_session(env.pg_dsn) as conn:
-        row_id = await conn.fetchval(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "VALUES ($1, 'rk', '{\"version\": 1}') RETURNING id::text", missing)
+        [row_id] = await insert_rows(conn, missing, "rk", [{"version": 1}])
         relay_proc = start_relay(max_attempts=1)
         await wait_until(lambda: _dead_rows(env, 1), what="the first row parked")
-        await conn.execute(
-            "INSERT INTO queue_message (id, exchange, routing_key, content) "
-            "VALUES ($1, $2, 'rk', '{\"version\": 2}')", row_id, missing)
+        await insert_rows(conn, missing, "rk", [{"version": 2}], ids=[row_id])
         await wait_until(lambda: _dead_rows(env, 2), what="the second row parked")
         relay_proc.terminate()
         versions = [r[0] for r in await conn.fetch(
@@ -136,6 +113,7 @@ async def test_dead_purge__deletes_only_the_dead_letters_that_matched_and_reads_
     """An id parked twice (a producer reused it, or a replayed row died again) has two dead
     letters: purging one reason deleted both, since the purge went by id. And `%` or `_` in
     --reason matched anything."""
+    # Hand-written: dead letters sharing an id are the subject.
     await pg_execute(
         env.pg_dsn, f"INSERT INTO {DEAD} (id, seq, exchange, routing_key, content, created_at, "
         "available_at, attempts, reason, dead_at) VALUES "

@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 from relay.pg.migrate import migrate
 from relay.pg.queries import Queries, TableNames
 from relay.settings import NotifyMode
-from tests.chaos.harness import via_proxy
 from tests.chaos.pgcluster import PrivateCluster, remove_stale
-from tests.helpers import RELAY_BIN, Env, insert_rows, pg_fetchval, pg_session, wait_until
-from tests.proxy import TcpProxy
+from tests.helpers import RELAY_BIN, Env, pg_fetchval, pg_session, wait_until
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import TcpProxy, via_proxy
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 Q = Queries(NAMES)

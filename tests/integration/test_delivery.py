@@ -11,7 +11,9 @@ import asyncpg
 
 from relay.pg.migrate import migration_files
 from relay.settings import Settings
-from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_session, wait_until
+from tests.helpers import Env, count_rows, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 CLASSIC_SCHEMA = """
 CREATE TABLE queue_message (
@@ -36,7 +38,7 @@ async def test_startup_sweep__delivers_rows_inserted_while_no_relay_ran(
     ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, bodies)
     relay = start_relay(poll_interval_s=60)
     await consumer.wait_for(50)
-    assert sorted(consumer.ids()) == sorted(ids)
+    assert sorted(consumer.ids) == sorted(ids)
     await wait_until(lambda: _table_empty(env.pg_dsn), what="an empty outbox")
     assert relay.terminate() == 0
 
@@ -49,6 +51,7 @@ async def test_migrate__upgrades_classic_table_in_place_and_relay_delivers_old_a
         await conn.execute(CLASSIC_SCHEMA)
         old_ids = [
             r[0]
+            # Hand-written: the classic schema's own columns are the subject.
             for r in await conn.fetch(
                 "INSERT INTO queue_message (exchange, routing_key, content, options) "
                 "SELECT $1, 'rk', jsonb_build_object('old', g), NULL "
@@ -76,7 +79,7 @@ async def test_migrate__upgrades_classic_table_in_place_and_relay_delivers_old_a
     await consumer.wait_for(500)
     new_ids = await insert_rows(env.pg_dsn, env.exchange, "rk", [{"new": i} for i in range(20)])
     await consumer.wait_for(520)
-    assert sorted(consumer.ids()) == sorted(old_ids + new_ids)
+    assert sorted(consumer.ids) == sorted(old_ids + new_ids)
     assert consumer.duplicates() == 0
     await wait_until(lambda: _table_empty(env.pg_dsn), what="an empty outbox")
     assert relay.terminate() == 0
@@ -115,13 +118,9 @@ async def test_replicas__three_relays_and_four_producers_deliver_every_row_exact
             while sent < per:
                 n = min(rng.randint(1, 40), per - sent)
                 async with conn.transaction():
-                    rows = await conn.fetch(
-                        "INSERT INTO queue_message (exchange, routing_key, content) "
-                        "SELECT $1, 'rk', jsonb_build_object('p', $2::int, 'i', g) "
-                        "FROM generate_series($3::int, $4::int) g RETURNING id::text",
-                        env.exchange, worker, sent, sent + n - 1,
-                    )
-                ids.extend(r[0] for r in rows)
+                    ids += await insert_rows(
+                        conn, env.exchange, "rk",
+                        ({"p": worker, "i": g} for g in range(sent, sent + n)))
                 sent += n
                 await asyncio.sleep(rng.uniform(0, 0.01))
         return ids
@@ -132,7 +131,7 @@ async def test_replicas__three_relays_and_four_producers_deliver_every_row_exact
     await consumer.wait_for(total, timeout_s=180)
     await wait_until(lambda: _table_empty(env.pg_dsn), timeout_s=60, what="an empty outbox")
     await asyncio.sleep(0.5)  # let any straggling duplicate arrive before counting
-    assert sorted(set(consumer.ids())) == sorted(all_ids)
+    assert sorted(set(consumer.ids)) == sorted(all_ids)
     # At-least-once: a duplicate needs a batch lost between ack and commit, which only a fault
     # causes (logged by the relay), and is bounded by the rows in flight.
     faults = [e["event"] for r in relays for e in r.log_events() if e.get("level") != "info"]
@@ -163,15 +162,11 @@ async def test_lost_notification__rows_committed_while_listen_connection_is_down
             before = await _listener_backend(admin)
             assert before is not None
             async with admin.transaction():
-                rows = await admin.fetch(
-                    "INSERT INTO queue_message (exchange, routing_key, content) "
-                    "SELECT $1, 'rk', jsonb_build_object('attempt', $2::int, 'i', g) "
-                    "FROM generate_series(1, 10) g RETURNING id::text",
-                    env.exchange, attempt,
-                )
+                rows = await insert_rows(admin, env.exchange, "rk",
+                                         ({"attempt": attempt, "i": g} for g in range(1, 11)))
                 await admin.execute("SELECT pg_terminate_backend($1)", before["pid"])
                 committed_at = await admin.fetchval("SELECT clock_timestamp()")
-            expected.extend(r[0] for r in rows)
+            expected.extend(rows)
             await consumer.wait_for(len(expected), timeout_s=30)
             after = await _listener_backend(admin)
             assert after is not None
@@ -180,7 +175,7 @@ async def test_lost_notification__rows_committed_while_listen_connection_is_down
                 break
         else:
             raise AssertionError("could not commit inside the LISTEN outage in 5 attempts")
-    assert sorted(set(consumer.ids())) == sorted(expected)
+    assert sorted(set(consumer.ids)) == sorted(expected)
     lost = [e for e in relay.log_events()
             if e.get("event") == "connection_lost" and e.get("connection") == "listener"]
     assert lost, "the relay did not notice its LISTEN connection was terminated"
@@ -238,6 +233,7 @@ async def test_body__is_the_stored_json_text_byte_for_byte(
     env: Env, consumer: Consumer, start_relay
 ) -> None:
     async with pg_session(env.pg_dsn) as conn:
+        # Hand-written: the JSON text as the producer wrote it (12.50, not 12.5) is the subject.
         row_id = await conn.fetchval(
             "INSERT INTO queue_message (exchange, routing_key, content) "
             "VALUES ($1, 'rk', $2::jsonb) RETURNING id::text",

@@ -11,7 +11,9 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, pg_fetch, wait_until
+from tests.helpers import RELAY_BIN, Env, count_rows, pg_fetch, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import add_dead_letters, insert_rows
 
 
 def _relay_cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
@@ -87,12 +89,11 @@ async def test_dead_commands__list_show_replay_keep_the_id_and_purge(
     rest = _relay_cli(env, "dead", "replay", "--reason", "PRIORITY")
     assert "replayed 2" in rest.stdout
     await consumer.wait_for(3)
-    assert sorted(consumer.ids()) == sorted(bad), "replay keeps the original id as message_id"
+    assert sorted(consumer.ids) == sorted(bad), "replay keeps the original id as message_id"
 
     # Purge: nothing is older than an hour; everything goes without --older-than.
-    await _fetch(env.pg_dsn, "INSERT INTO queue_message_dead (id, created_at, available_at, "
-                 "attempts, reason, dead_at) VALUES (gen_random_uuid(), now(), now(), 1, 'r', "
-                 "now() - interval '2 days'), (gen_random_uuid(), now(), now(), 1, 'r', now())")
+    await add_dead_letters(env.pg_dsn, 1, age="2 days")
+    await add_dead_letters(env.pg_dsn, 1)
     assert "purged 1 " in _relay_cli(env, "dead", "purge", "--older-than", "1d").stdout
     assert "purged 1 " in _relay_cli(env, "dead", "purge", "--all").stdout
     assert relay.alive()
@@ -103,6 +104,7 @@ async def _dead_count(env: Env, n: int) -> bool:
 
 
 async def test_dead_replay__leaves_rows_with_null_content_and_says_why(env: Env) -> None:
+    # Hand-written: a dead letter with NULL content, which no relay parks.
     await _fetch(env.pg_dsn, "INSERT INTO queue_message_dead (id, exchange, created_at, "
                  "available_at, attempts, reason) VALUES (gen_random_uuid(), 'x', now(), now(), "
                  "0, 'content: NULL')")
@@ -113,6 +115,7 @@ async def test_dead_replay__leaves_rows_with_null_content_and_says_why(env: Env)
 
 
 async def test_prune__deletes_archived_rows_older_than_the_age_in_bounded_batches(env: Env) -> None:
+    # Hand-written: archived rows of chosen ages (what the relay archives is dated now).
     await _fetch(env.pg_dsn, """
         INSERT INTO queue_message_archive (id, exchange, routing_key, content, created_at,
                                            available_at, attempts, published_at)
@@ -134,7 +137,7 @@ async def test_unknown_exchange__only_that_row_fails_and_the_rest_of_the_batch_f
     good2 = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": 2}])
     start_relay(max_attempts="1")
     await consumer.wait_for(2)
-    assert sorted(consumer.ids()) == sorted(good1 + good2)
+    assert sorted(consumer.ids) == sorted(good1 + good2)
     await wait_until(lambda: _dead_count(env, 1), what="1 dead letter")
     (reason,) = await _fetch(env.pg_dsn, "SELECT reason FROM queue_message_dead WHERE id = $1",
                              bad[0])
@@ -168,8 +171,8 @@ async def test_exchange_deleted_after_the_check__channel_close_fails_only_that_r
     # Every good row is delivered. The 404 closes the shared channel: the confirms of good rows
     # sent on it before the doomed one and not yet confirmed die with it, and those rows are
     # sent again one at a time, so a good row may come twice (at-least-once, docs/failure.md).
-    assert sorted(set(consumer.ids())) == sorted(good)
-    counts = Counter(consumer.ids())
+    assert sorted(set(consumer.ids)) == sorted(good)
+    counts = Counter(consumer.ids)
     assert max(counts.values()) <= 2, counts
     print(f"duplicates after the channel close: {sum(c - 1 for c in counts.values())}")
     await wait_until(lambda: _dead_count(env, 2), what="the row to the deleted exchange dead")

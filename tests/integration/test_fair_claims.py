@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from tests.helpers import Consumer, Env, count_rows, pg_session, wait_until
+from tests.helpers import Env, count_rows, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 BULK_ROWS = 50_000
 LIVE_ROWS = 20
@@ -19,11 +21,7 @@ LIVE_WAIT_BOUND_S = 3.0
 
 
 async def _insert_bulk(dsn: str, exchange: str, rows: int) -> None:
-    async with pg_session(dsn) as conn:
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT $1, 'rk', jsonb_build_object('bulk', g, 'pad', repeat('b', 150)) "
-            "FROM generate_series(1, $2) g", exchange, rows)
+    await insert_rows(dsn, exchange, "rk", ({"bulk": g, "pad": "b" * 150} for g in range(rows)))
 
 
 async def _produce_live(dsn: str, exchange: str, rows: int, every_s: float,
@@ -32,10 +30,7 @@ async def _produce_live(dsn: str, exchange: str, rows: int, every_s: float,
     committed: dict[str, float] = {}
     async with pg_session(dsn) as conn:
         for i in range(rows):
-            row_id = await conn.fetchval(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "VALUES ($1, 'rk', jsonb_build_object('live', $2::int)) RETURNING id::text",
-                exchange, i)
+            [row_id] = await insert_rows(conn, exchange, "rk", [{"live": i}])
             committed[row_id] = time.monotonic()
             await asyncio.sleep(every_s)
     return committed
@@ -47,15 +42,6 @@ async def test_fair_claims__live_rows_arrive_while_a_bulk_transaction_drains(
 ) -> None:
     """With the express lane (the default) and without it (the drain's fair rounds alone)."""
     await _insert_bulk(env.pg_dsn, env.exchange, BULK_ROWS)
-    arrived: dict[str, float] = {}
-
-    async def on_message(message) -> None:  # type: ignore[no-untyped-def]
-        consumer.messages.append(message)
-        arrived.setdefault(str(message.message_id), time.monotonic())
-
-    consumer._on_message = on_message  # type: ignore[method-assign]
-    await consumer.stop()
-    await consumer.start()
     start_relay(poll_interval_s=60, express_lane=express_lane)
     await wait_until(lambda: len(consumer.messages) >= 500, timeout_s=30,
                      what="the relay to start draining the bulk (500 messages)")
@@ -63,12 +49,12 @@ async def test_fair_claims__live_rows_arrive_while_a_bulk_transaction_drains(
     committed = await _produce_live(env.pg_dsn, env.exchange, LIVE_ROWS, every_s=0.02)
     await consumer.wait_for(BULK_ROWS + LIVE_ROWS, timeout_s=90)
 
-    order = consumer.ids()
+    order = consumer.ids
     last_bulk = max(i for i, m in enumerate(order) if m not in committed)
     live_positions = [order.index(i) for i in committed]
     assert max(live_positions) < last_bulk, (
         f"live rows at positions {live_positions} of {len(order)}: one waited for the bulk")
-    waits = sorted(arrived[i] - committed[i] for i in committed)
+    waits = sorted(consumer.arrivals[i] - committed[i] for i in committed)
     assert waits[-1] < LIVE_WAIT_BOUND_S, f"live rows waited {waits} s from commit to consumer"
     assert consumer.duplicates() == 0
     await wait_until(lambda: _empty(env.pg_dsn), what="an empty outbox")

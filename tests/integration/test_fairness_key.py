@@ -74,7 +74,8 @@ async def test_fairness_key__the_next_claim_goes_on_after_the_last_key_served(db
     async with pg_session(db) as conn:
         await conn.execute("TRUNCATE queue_message")
         names = [f"k{i:02}" for i in range(40)]
-        # One transaction (the transactions' round then takes 7 rows of it): 100 rows a key.
+        # One transaction (the transactions' round then takes 7 rows of it): 100 rows a key,
+        # hand-written as above.
         await conn.execute(
             "INSERT INTO queue_message (exchange, routing_key, content, fairness_key) "
             "SELECT 'x', 'rk', jsonb_build_object('g', g), k "

@@ -1,7 +1,7 @@
 """`relay run` with RELAY_HTTP_PORT: real metrics, and readiness that follows the broker.
 
 The broker is taken away from this relay only, by cutting a TCP proxy in front of the shared
-RabbitMQ (tests/proxy.py); the shared server keeps running for everyone else.
+RabbitMQ (tests/kit/proxy.py); the shared server keeps running for everyone else.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, insert_rows, pg_execute, wait_until
-from tests.proxy import TcpProxy, free_port
+from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import TcpProxy, free_port
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
@@ -142,7 +144,7 @@ async def test_http__metrics_parse_and_readyz_follows_the_broker_through_a_cut(
         await proxy.restore()
         await wait_until(ready, timeout_s=60, interval_s=0.2, what="/readyz 200 again")
         await consumer.wait_for(25, timeout_s=60)
-        assert set(ids + held) <= set(consumer.ids())
+        assert set(ids + held) <= set(consumer.ids)
         assert await asyncio.to_thread(_health_cli, relay.env, "--ready") == 0
         assert await relay.stop() == 0
     finally:

@@ -10,6 +10,7 @@ import asyncpg
 from relay.pg.queries import Queries, TableNames
 from relay.pg.seqfloor import FROM_START
 from tests.helpers import pg_session
+from tests.kit.producer import insert_rows
 
 CLAIM = Queries(TableNames(None, "queue_message", "queue_message_notify"))["claim"]
 LIMIT = 500
@@ -25,27 +26,16 @@ READ_BOUND = 10_000
 
 
 async def _fill(conn: asyncpg.Connection) -> None:
-    # The statements are the subject here (which rows are due, in which order), so they are
-    # written out rather than taken from tests.helpers.insert_rows.
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, available_at) "
-        "SELECT 'x', 'rk', jsonb_build_object('early', g), 'early', now() - interval '1 hour' "
-        "FROM generate_series(1, 3) g")
+    await insert_rows(conn, "x", "rk", ({"early": g} for g in range(1, 4)),
+                      ordering_keys="early", delay_s=-3600)
     # The blocked key: its head retries in an hour, every row behind it is due.
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, available_at) "
-        "VALUES ('x', 'rk', '{\"head\": true}', 'blocked', now() + interval '1 hour')")
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, available_at) "
-        "SELECT 'x', 'rk', jsonb_build_object('behind', g), 'blocked', "
-        "now() - interval '30 minutes' FROM generate_series(1, $1) g", BEHIND_BLOCKED)
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-        "SELECT 'x', 'rk', jsonb_build_object('g', g), 'k' || (g % $1) "
-        "FROM generate_series(1, 2 * $1) g", OTHER_KEYS)
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content) "
-        "SELECT 'x', 'rk', jsonb_build_object('unkeyed', g) FROM generate_series(1, 10) g")
+    await insert_rows(conn, "x", "rk", [{"head": True}], ordering_keys="blocked", delay_s=3600)
+    await insert_rows(conn, "x", "rk", ({"behind": g} for g in range(1, BEHIND_BLOCKED + 1)),
+                      ordering_keys="blocked", delay_s=-1800)
+    others = range(1, 2 * OTHER_KEYS + 1)
+    await insert_rows(conn, "x", "rk", ({"g": g} for g in others),
+                      ordering_keys=[f"k{g % OTHER_KEYS}" for g in others])
+    await insert_rows(conn, "x", "rk", ({"unkeyed": g} for g in range(1, 11)))
     await conn.execute("ANALYZE queue_message")
 
 

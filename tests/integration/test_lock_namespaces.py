@@ -8,7 +8,8 @@ import pytest
 
 from relay.pg.queries import Queries, TableNames
 from relay.pg.seqfloor import FROM_START
-from tests.helpers import Env, RelayProcess, insert_rows, pg_session, wait_until
+from tests.helpers import Env, RelayProcess, pg_session, wait_until
+from tests.kit.producer import insert_rows
 
 BARE = Queries(TableNames(None, "queue_message", "queue_message_notify"))
 QUALIFIED = Queries(TableNames("public", "queue_message", "queue_message_notify"))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import Consumer, Env, insert_rows
+from tests.helpers import Env
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 
 async def test_relay_run__every_output_line_is_a_json_event(

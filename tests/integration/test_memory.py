@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import (
-    Consumer,
-    Env,
-    count_rows,
-    pg_execute,
-    pg_fetch,
-    pg_session,
-    wait_until,
-)
+from tests.helpers import Env, count_rows, pg_fetch, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "deployment.yaml"
 
@@ -50,16 +44,11 @@ async def test_rows_near_the_size_limit_committed_together__peak_memory_under_th
 ) -> None:
     """Twelve 15 MiB rows took a relay to 483 MiB (limit 384 MiB): every replica that claimed
     them was OOM-killed, in a loop, and the line stopped."""
-    body = '"' + "x" * (15 * 1024 * 1024 - 2) + '"'
+    body = "x" * (15 * 1024 * 1024 - 2)  # a JSON string of 15 MiB
     async with pg_session(env.pg_dsn) as conn, conn.transaction():
         for _ in range(12):
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "VALUES ($1, $2, $3::jsonb)", env.exchange, env.routing_key, body)
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT $1, $2, jsonb_build_object('n', g) FROM generate_series(1, 300) g",
-            env.exchange, env.routing_key)
+            await insert_rows(conn, env.exchange, env.routing_key, [body])
+        await insert_rows(conn, env.exchange, env.routing_key, ({"n": g} for g in range(1, 301)))
     relay = start_relay(poll_interval_s=1)
     await consumer.wait_for(312, timeout_s=120)
     await wait_until(lambda: _empty(env), what="an empty outbox")
@@ -83,12 +72,10 @@ async def test_claims_of_every_kind__stop_at_the_byte_budget_and_keep_key_order(
 ) -> None:
     """The unkeyed claim, the keyed claim function and the single-active claim all stop once
     the rows taken reach RELAY_BATCH_MAX_BYTES (the first row always goes)."""
-    body = '"' + "z" * (1024 * 1024 - 2) + '"'  # 1 MiB
-    await pg_execute(
-        env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-        "SELECT $1, $2, jsonb_build_object('n', g, 'pad', $3::text), $4 "
-        "FROM generate_series(1, 12) g",
-        env.exchange, env.routing_key, body, "k" if keyed else None)
+    pad = "z" * (1024 * 1024 - 2)  # 1 MiB
+    await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
+                      ({"n": g, "pad": pad} for g in range(1, 13)),
+                      ordering_keys="k" if keyed else None)
     relay = start_relay(batch_max_bytes=int(2.5 * 1024 * 1024), mode=mode, log_level="debug",
                         leader_poll_interval_s=0.2)
     await consumer.wait_for(12, timeout_s=60)
@@ -117,22 +104,15 @@ async def test_rows_over_the_message_limit__parked_as_too_large_without_leaving_
     larger one, or two on two lanes, passed the Deployment's limit: OOM-killed, and the next
     replica claimed the same lowest-seq row and died too. Rows over RELAY_MAX_MESSAGE_BYTES
     are parked by the claim's transaction; their content never reaches the relay."""
-    big = {150: '"' + "b" * (150 * 1024 * 1024 - 2) + '"',
-           60: '"' + "m" * (60 * 1024 * 1024 - 2) + '"'}
+    # JSON strings of 150 and 60 MiB (the quotes count)
+    big = {150: "b" * (150 * 1024 * 1024 - 2), 60: "m" * (60 * 1024 * 1024 - 2)}
     key = "k" if keyed else None
     async with pg_session(env.pg_dsn) as conn, conn.transaction():
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT $1, $2, jsonb_build_object('n', g) FROM generate_series(1, 500) g",
-            env.exchange, env.routing_key)
+        await insert_rows(conn, env.exchange, env.routing_key, ({"n": g} for g in range(1, 501)))
         for size in (150, 60, 60):
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-                "VALUES ($1, $2, $3::jsonb, $4)", env.exchange, env.routing_key, big[size], key)
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-            "SELECT $1, $2, jsonb_build_object('n', 500 + g), $3 "
-            "FROM generate_series(1, 500) g", env.exchange, env.routing_key, key)
+            await insert_rows(conn, env.exchange, env.routing_key, [big[size]], ordering_keys=key)
+        await insert_rows(conn, env.exchange, env.routing_key,
+                          ({"n": 500 + g} for g in range(1, 501)), ordering_keys=key)
     relay = start_relay(poll_interval_s=1, mode=mode, leader_poll_interval_s=0.2)
     await consumer.wait_for(1000, timeout_s=120)
     await wait_until(lambda: _empty(env), what="an empty outbox", timeout_s=60)

@@ -140,6 +140,7 @@ async def _insert_while(env: Env, migrate: asyncio.Task[subprocess.CompletedProc
     """Seconds a producer's one-row INSERT took to commit while `migrate` runs."""
     await asyncio.sleep(1.0)  # the migrate process connected and did what it does first
     started = time.monotonic()
+    # Hand-written: the classic INSERT of an application, columns and all, is the subject.
     await asyncio.wait_for(pg_execute(
         env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content) "
         "VALUES ('x', 'rk', '{}')"), timeout=30)

@@ -9,8 +9,10 @@ import time
 import pytest
 
 from relay.settings import NotifyMode
-from tests.helpers import Consumer, Env, insert_rows, wait_until
+from tests.helpers import Env, wait_until
 from tests.integration.test_conditional_notify import wait_sleepers
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 POLL_S = {NotifyMode.CONDITIONAL: 30.0, NotifyMode.ALWAYS: 30.0, NotifyMode.OFF: 2.0}
 # Woken: the wake-up, claim, publish and consume on a loaded 2-core machine. Polling: the poll
@@ -31,7 +33,7 @@ async def test_notify_mode__idle_relay_delivers_each_row_within_the_mode_bound(
             await wait_sleepers(env.pg_dsn, 1)
         started = time.monotonic()
         ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": n}])
-        await wait_until(lambda ids=ids: set(ids) <= set(consumer.ids()),
+        await wait_until(lambda ids=ids: set(ids) <= set(consumer.ids),
                          timeout_s=POLL_S[notify_mode] + 10, interval_s=0.01,
                          what=f"row {n} delivered")
         latencies.append(time.monotonic() - started)

@@ -8,7 +8,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
@@ -16,6 +16,8 @@ import pytest
 
 from relay.settings import Settings
 from tests.helpers import Env, RelayProcess, count_rows, pg_fetchval, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 KEYS = 50
 VALUES_PER_KEY = 600  # 30,000 rows
@@ -24,53 +26,56 @@ PRODUCERS = 5
 
 @dataclass
 class OrderedConsumer:
-    """Two consumers on one single-active-consumer queue, manual acks; records (key, v).
+    """Two kit consumers on one single-active-consumer queue, manual acks, recording into the
+    same lists in arrival order.
 
-    The active one is closed half-way so that the standby consumer takes over: the broker hands
+    The active one is stopped half-way so that the standby consumer takes over: the broker hands
     the queue, unacked deliveries first, to the next consumer in order.
     """
 
-    amqp_url: str
-    queue: str
-    received: list[tuple[str, int, str]] = field(default_factory=list)
-    redelivered: int = 0  # receipts the broker flagged as its own redeliveries
-    conns: list[Any] = field(default_factory=list)
+    consumers: list[Consumer]
 
-    async def start(self, exchange: str, routing_key: str) -> OrderedConsumer:
-        for _ in range(2):
-            # Robust: the shared broker may be restarted by other suites; consumers come back.
-            conn = await aio_pika.connect_robust(self.amqp_url)
-            self.conns.append(conn)
-            channel = await conn.channel()
-            await channel.set_qos(prefetch_count=200)
-            queue = await channel.declare_queue(
-                self.queue, durable=True, arguments={"x-single-active-consumer": True}
-            )
-            await queue.bind(exchange, routing_key)
-            await queue.consume(self._on_message)
-        return self
-
-    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        body = json.loads(message.body)
-        self.received.append((body["k"], body["v"], str(message.message_id)))
-        self.redelivered += bool(message.redelivered)
-        await message.ack()
-
-    async def close_active(self) -> None:
-        """Close the first consumer's connection (the active one: it subscribed first)."""
-        await self.conns[0].close()
-
-    async def stop(self) -> None:
-        for conn in self.conns:
-            if not conn.is_closed:
-                await conn.close()
-        conn = await aio_pika.connect(self.amqp_url)
+    @classmethod
+    async def start(cls, amqp_url: str, queue: str, exchange: str,
+                    routing_key: str) -> OrderedConsumer:
+        conn = await aio_pika.connect(amqp_url)
         channel = await conn.channel()
-        await channel.queue_delete(self.queue)
+        declared = await channel.declare_queue(
+            queue, durable=True, arguments={"x-single-active-consumer": True})
+        await declared.bind(exchange, routing_key)
         await conn.close()
+        first = Consumer(amqp_url, queue, robust=True, manual_ack=True, prefetch=200)
+        # The second consumer records into the first one's lists.
+        second = Consumer(amqp_url, queue, robust=True, manual_ack=True, prefetch=200,
+                          messages=first.messages, ids=first.ids,
+                          redelivered=first.redelivered)
+        return cls([await first.start(), await second.start()])
+
+    @property
+    def received(self) -> list[tuple[str, int, str]]:
+        """(key, value, message id) of every receipt, in order."""
+        return [(b["k"], b["v"], i) for b, i in zip(self.consumers[0].bodies(),
+                                                    self.consumers[0].ids, strict=True)]
+
+    @property
+    def redelivered(self) -> int:
+        """Receipts the broker flagged as its own redeliveries."""
+        return len(self.consumers[0].redelivered)
 
     def distinct(self) -> int:
-        return len({m for _, _, m in self.received})
+        return self.consumers[0].distinct()
+
+    async def close_active(self) -> None:
+        """Stop the first consumer (the active one: it subscribed first)."""
+        await self.consumers[0].stop()
+
+    async def stop(self, amqp_url: str) -> None:
+        for consumer in self.consumers:
+            await consumer.stop()
+        conn = await aio_pika.connect(amqp_url)
+        channel = await conn.channel()
+        await channel.queue_delete(self.consumers[0].queue)
+        await conn.close()
 
 
 def order_violations(received: list[tuple[str, int, str]]) -> list[str]:
@@ -89,11 +94,11 @@ def order_violations(received: list[tuple[str, int, str]]) -> list[str]:
 
 @pytest.fixture
 async def ordered_consumer(env: Env) -> AsyncIterator[OrderedConsumer]:
-    c = await OrderedConsumer(env.amqp_url, env.queue + "-sac").start(env.exchange, "ord")
+    c = await OrderedConsumer.start(env.amqp_url, env.queue + "-sac", env.exchange, "ord")
     try:
         yield c
     finally:
-        await c.stop()
+        await c.stop(env.amqp_url)
 
 
 async def produce(dsn: str, exchange: str, keys: list[str], chunk: int, pause_s: float) -> None:
@@ -101,13 +106,8 @@ async def produce(dsn: str, exchange: str, keys: list[str], chunk: int, pause_s:
     async with pg_session(dsn) as conn:
         for start in range(0, VALUES_PER_KEY, chunk):
             rows = [(k, v) for k in keys for v in range(start, start + chunk)]
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, "
-                "options) SELECT $1, 'ord', jsonb_build_object('k', k, 'v', v), k, "
-                "'{\"persistent\": true}'::jsonb "
-                "FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS r(k, v, i) ORDER BY i",
-                exchange, [k for k, _ in rows], [v for _, v in rows],
-            )
+            await insert_rows(conn, exchange, "ord", ({"k": k, "v": v} for k, v in rows),
+                              ordering_keys=[k for k, _ in rows], options={"persistent": True})
             await asyncio.sleep(pause_s)
 
 
@@ -165,11 +165,7 @@ async def _insert(dsn: str, rows: list[tuple[str, str, str | None]], exchange: s
     """Insert (routing_key, label, key) rows in order; label goes into the body as `v`."""
     async with pg_session(dsn) as conn:
         for rk, label, key in rows:
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-                "VALUES ($1, $2, jsonb_build_object('k', $3::text, 'v', $4::text), $3)",
-                exchange, rk, key, label,
-            )
+            await insert_rows(conn, exchange, rk, [{"k": key, "v": label}], ordering_keys=[key])
 
 
 async def _fetch(dsn: str, sql: str, *args: Any) -> Any:
@@ -258,13 +254,10 @@ async def test_single_active__standby_takes_over_within_the_bound_and_loses_noth
 
     async with pg_session(env.pg_dsn) as conn:
         async def write(start: int, n: int) -> None:
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-                "SELECT $1, 'rk', jsonb_build_object('n', g), "
-                "       CASE WHEN g % 3 > 0 THEN 'k' || (g % 7) END "  # keyed and unkeyed
-                "FROM generate_series($2::int, $3) g ORDER BY g",
-                env.exchange, start, start + n - 1,
-            )
+            numbers = range(start, start + n)
+            await insert_rows(conn, env.exchange, "rk", ({"n": g} for g in numbers),
+                              ordering_keys=[f"k{g % 7}" if g % 3 else None  # keyed and unkeyed
+                                             for g in numbers])
 
         await write(0, 2000)
         await consumer.wait_for(1)
@@ -323,27 +316,21 @@ async def test_keyed_claim__a_due_key_is_claimed_at_once_behind_20000_waiting_ke
 ) -> None:
     """The keyed claim visited at most 4 x keys-per-batch + 64 keys from a random point: with
     tens of thousands of keys whose head waits a day, a due key was found by chance."""
-    from tests.helpers import Consumer
-
     consumer = await Consumer(env.amqp_url, env.queue).start()
     try:
         async with pg_session(env.pg_dsn) as conn:
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, "
-                "available_at) SELECT $1, $2, jsonb_build_object('w', g), 'waiting-' || g, "
-                "now() + interval '1 day' FROM generate_series(1, 20000) g",
-                env.exchange, env.routing_key)
+            waiting = range(1, 20_001)
+            await insert_rows(conn, env.exchange, env.routing_key, ({"w": g} for g in waiting),
+                              ordering_keys=[f"waiting-{g}" for g in waiting], delay_s=86_400)
             await conn.execute("ANALYZE queue_message")
             relay = start_relay()
             await asyncio.sleep(1.0)  # the relay is up and asleep
             started = time.monotonic()
-            due = await conn.fetchval(
-                "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-                "VALUES ($1, $2, '{\"due\": 1}', 'due-key') RETURNING id::text",
-                env.exchange, env.routing_key)
+            [due] = await insert_rows(conn, env.exchange, env.routing_key, [{"due": 1}],
+                                      ordering_keys="due-key")
             await consumer.wait_for(1, timeout_s=10)
             elapsed = time.monotonic() - started
-            assert consumer.ids() == [due]
+            assert consumer.ids == [due]
             # One wake-up, not a poll interval (2 s here) or a lucky walk.
             assert elapsed < 1.5, f"the due key waited {elapsed:.2f}s"
             assert await count_rows(env.pg_dsn) == 20000

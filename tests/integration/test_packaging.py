@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from tests.helpers import pg_session
+from tests.kit.producer import insert_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,10 +92,8 @@ async def test_packaging__fresh_venv_install_runs_help_migrate_and_status(
     scaled = next(d for d in yaml.safe_load_all(
         (ROOT / "deploy/k8s/keda-scaledobject.yaml").read_text()) if d["kind"] == "ScaledObject")
     async with pg_session(empty_db) as conn:
-        await conn.execute("INSERT INTO queue_message (exchange, routing_key, content) "
-                           "SELECT 'x', 'k', '{}' FROM generate_series(1, 3)")
-        await conn.execute("INSERT INTO queue_message (exchange, content, available_at) "
-                           "VALUES ('x', '{}', now() + interval '1 hour')")
+        await insert_rows(conn, "x", "k", [{}] * 3)
+        await insert_rows(conn, "x", "k", [{}], delay_s=3600)
         assert await conn.fetchval(scaled["spec"]["triggers"][0]["metadata"]["query"]) == 3
         for role in (producer, relay_role):
             await conn.execute(f"DROP OWNED BY {role}")

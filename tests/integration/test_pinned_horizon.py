@@ -18,7 +18,9 @@ import pytest
 from relay.pg.queries import Queries
 from relay.pg.seqfloor import FROM_START
 from tests.conftest import NAMES
-from tests.helpers import Consumer, Env, count_rows, insert_rows, pg_session, wait_until
+from tests.helpers import Env, count_rows, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 
 @pytest.fixture
@@ -76,10 +78,7 @@ async def test_with_the_horizon_pinned__rows_below_the_floor_are_found_by_the_sw
         ids = []
         for conn in (late, late_idle):
             await conn.execute("BEGIN")
-            ids.append(await conn.fetchval(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "VALUES ($1, $2, '{\"late\": true}') RETURNING id::text",
-                env.exchange, env.routing_key))
+            ids += await insert_rows(conn, env.exchange, env.routing_key, [{"late": True}])
         relay = start_relay()
         flow: list[str] = []
 
@@ -94,7 +93,7 @@ async def test_with_the_horizon_pinned__rows_below_the_floor_are_found_by_the_sw
         await asyncio.sleep(2.5)  # the relay has followed the flow for more than its lag
         await late.execute("COMMIT")
         committed = time.monotonic()
-        await wait_until(lambda: ids[0] in consumer.ids(), timeout_s=10,
+        await wait_until(lambda: ids[0] in consumer.ids, timeout_s=10,
                          what="the row committed late below the floor, while the relay is busy")
         busy_s = time.monotonic() - committed
         assert not producer.done(), "the flow ended before the late row arrived"
@@ -103,12 +102,12 @@ async def test_with_the_horizon_pinned__rows_below_the_floor_are_found_by_the_sw
         await asyncio.sleep(1.5)  # idle now, its floor older than the lag
         await late_idle.execute("COMMIT")
         committed = time.monotonic()
-        await wait_until(lambda: ids[1] in consumer.ids(), timeout_s=10,
+        await wait_until(lambda: ids[1] in consumer.ids, timeout_s=10,
                          what="the row committed late below the floor, to an idle relay")
         idle_s = time.monotonic() - committed
     assert busy_s < 3.0, busy_s
     assert idle_s < 1.0, idle_s
-    assert sorted(set(consumer.ids())) == sorted([*flow, *ids])
+    assert sorted(set(consumer.ids)) == sorted([*flow, *ids])
     assert consumer.duplicates() == 0
     assert await count_rows(env.pg_dsn) == 0
     assert relay.alive()

@@ -10,7 +10,9 @@ from relay.errors import DatabaseUnavailable
 from relay.pg.connection import connect
 from relay.pg.store import Outbox
 from relay.settings import Settings
-from tests.helpers import Consumer, Env, RelayProcess, insert_rows, pg_session, wait_until
+from tests.helpers import Env, RelayProcess, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 
 def _any_server(dsn: str) -> str:
@@ -46,8 +48,8 @@ async def test_run__waits_while_the_server_is_read_only_then_delivers(
                     for e in relay.log_events()),
         what="connection_waiting for a read-only server",
     )
-    assert consumer.ids() == []
+    assert consumer.ids == []
     await _set_read_only(env.pg_dsn, False)
     await consumer.wait_for(len(ids))
-    assert set(consumer.ids()) == set(ids)
+    assert set(consumer.ids) == set(ids)
     assert relay.terminate() == 0

@@ -13,9 +13,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from tests.helpers import RELAY_BIN, Consumer, Env, count_rows, pg_session, wait_until
+from tests.helpers import RELAY_BIN, Env, count_rows, pg_session, wait_until
 from tests.integration.test_http import http_get
-from tests.proxy import free_port
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import free_port
 
 
 def as_user(dsn: str, user: str, password: str | None = None) -> str:
@@ -72,6 +74,7 @@ async def test_roles__relay_runs_under_its_role_and_producer_may_only_insert(
     env: Env, roles: Roles, consumer: Consumer, start_relay
 ) -> None:
     async with pg_session(as_user(env.pg_dsn, roles.producer_login)) as producer:
+        # Hand-written INSERTs in this file: what each role may write is the subject.
         await producer.executemany(
             "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3)",
             [(env.exchange, env.routing_key, json.dumps({"n": i})) for i in range(10)],
@@ -257,10 +260,8 @@ async def test_roles__relay_login_cannot_forge_a_message_yet_parks_and_replays(
 
 
 async def _admin_insert(env: Env, exchange: str) -> str:
-    async with pg_session(env.pg_dsn) as admin:
-        return str(await admin.fetchval(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "VALUES ($1, 'rk', '{\"n\": 1}') RETURNING id", exchange))
+    [row_id] = await insert_rows(env.pg_dsn, exchange, "rk", [{"n": 1}])
+    return row_id
 
 
 async def _dead_count(env: Env, n: int) -> bool:

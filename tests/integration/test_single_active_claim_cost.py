@@ -14,6 +14,7 @@ from relay.interfaces import ClaimOptions
 from relay.pg.queries import Queries, TableNames
 from relay.pg.store import SingleActiveWalk, claim_records
 from tests.helpers import pg_session
+from tests.kit.producer import insert_rows
 
 Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
 LIMIT = 100
@@ -37,32 +38,18 @@ READ = ("SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0) "
 
 
 async def _fill(conn: asyncpg.Connection) -> None:
-    # The statements are the subject here (which rows are due, in which order), so they are
-    # written out rather than taken from tests.helpers.insert_rows.
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-        "SELECT 'x', 'rk', jsonb_build_object('early', g), 'early' FROM generate_series(1, 3) g")
+    await insert_rows(conn, "x", "rk", ({"early": g} for g in range(1, 4)),
+                      ordering_keys="early")
     # The blocked key: its head retries in an hour, every row behind it is due.
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, available_at) "
-        "VALUES ('x', 'rk', '{\"head\": true}', 'blocked', now() + interval '1 hour')")
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-        "SELECT 'x', 'rk', jsonb_build_object('behind', g), 'blocked' "
-        "FROM generate_series(1, $1) g", BEHIND_BLOCKED // 2)
+    await insert_rows(conn, "x", "rk", [{"head": True}], ordering_keys="blocked", delay_s=3600)
+    half = range(1, BEHIND_BLOCKED // 2 + 1)
+    await insert_rows(conn, "x", "rk", ({"behind": g} for g in half), ordering_keys="blocked")
     # A key with one row amid the stretch (which a test locks from outside) and one after it.
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-        "VALUES ('x', 'rk', '{\"amid\": 1}', 'amid')")
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-        "SELECT 'x', 'rk', jsonb_build_object('behind', g), 'blocked' "
-        "FROM generate_series(1, $1) g", BEHIND_BLOCKED // 2)
-    await conn.execute(
-        "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
-        "SELECT 'x', 'rk', jsonb_build_object('g', g), "
-        "CASE WHEN g % 5 = 0 THEN NULL WHEN g = 7 THEN 'amid' ELSE 'k' || (g % $1) END "
-        "FROM generate_series(1, 2 * $1) g", OTHER_KEYS)
+    await insert_rows(conn, "x", "rk", [{"amid": 1}], ordering_keys="amid")
+    await insert_rows(conn, "x", "rk", ({"behind": g} for g in half), ordering_keys="blocked")
+    others = range(1, 2 * OTHER_KEYS + 1)
+    await insert_rows(conn, "x", "rk", ({"g": g} for g in others), ordering_keys=[
+        None if g % 5 == 0 else "amid" if g == 7 else f"k{g % OTHER_KEYS}" for g in others])
     await conn.execute("ANALYZE queue_message")
 
 

@@ -15,16 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.helpers import (
-    RELAY_BIN,
-    Consumer,
-    Env,
-    RelayProcess,
-    insert_rows,
-    pg_fetchval,
-    wait_until,
-)
-from tests.proxy import TcpProxy, free_port
+from tests.helpers import RELAY_BIN, Env, RelayProcess, pg_fetchval, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import TcpProxy, free_port
 
 EXIT_GAVE_UP = 75
 EXIT_USER_ERROR = 2
@@ -74,7 +68,7 @@ async def test_run__waits_for_database_and_broker_that_come_up_later_then_delive
         assert relay.alive()
         proxies.append(await _proxy_on(env.amqp_url, mq_port))
         await consumer.wait_for(len(ids), timeout_s=60)
-        assert set(consumer.ids()) == set(ids)
+        assert set(consumer.ids) == set(ids)
         # One line per server however many attempts failed, one when each came up.
         assert len(_waiting(relay, "database")) == 1
         assert len(_waiting(relay, "broker")) == 1

@@ -9,6 +9,7 @@ import pty
 import subprocess
 
 from tests.helpers import RELAY_BIN, Env, pg_session
+from tests.kit.producer import add_dead_letters, insert_rows
 
 
 async def _sql(dsn: str, sql: str) -> None:
@@ -20,18 +21,15 @@ async def _sql(dsn: str, sql: str) -> None:
 async def test_status_watch__one_json_line_per_tick_with_rates_eta_and_dead_reasons(
     env: Env,
 ) -> None:
-    await _sql(env.pg_dsn, "INSERT INTO queue_message_dead (id, created_at, available_at, "
-               "attempts, reason) SELECT gen_random_uuid(), now(), now(), 1, CASE WHEN g <= 3 "
-               "THEN 'exchange_not_found: x' ELSE 'unroutable: rk' END "
-               "FROM generate_series(1, 5) AS g")
+    await add_dead_letters(env.pg_dsn, 3, reason="exchange_not_found: x")
+    await add_dead_letters(env.pg_dsn, 2, reason="unroutable: rk")
     proc = subprocess.Popen(  # noqa: ASYNC220 - read line by line while the test writes rows
         [RELAY_BIN, "status", "--watch", "--interval-s", "1", "--count", "3"],
         env=env.relay_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None
     first = json.loads(proc.stdout.readline())
-    await _sql(env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content) "
-               "SELECT 'x', 'rk', '{}' FROM generate_series(1, 3000)")
+    await insert_rows(env.pg_dsn, "x", "rk", [{}] * 3000)
     await _sql(env.pg_dsn, "DELETE FROM queue_message WHERE seq IN "
                "(SELECT seq FROM queue_message ORDER BY seq LIMIT 1000)")
     rest = [json.loads(line) for line in proc.stdout]
@@ -76,6 +74,7 @@ def test_status_watch__redraws_in_place_on_a_terminal(env: Env) -> None:
 async def test_status__oldest_due_age_by_class_of_transaction(env: Env) -> None:
     """A bulk transaction's rows (1,000 or more) and a one-row transaction's: `relay status`
     shows each class's oldest due row on its own, so a live-lag alert ignores a backfill."""
+    # Hand-written: rows created in the past (created_at is the subject).
     await _sql(env.pg_dsn, "INSERT INTO queue_message (exchange, routing_key, content, "
                "created_at) SELECT 'x', 'rk', '{}', now() - interval '1 hour' "
                "FROM generate_series(1, 1500)")

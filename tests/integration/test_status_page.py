@@ -15,10 +15,10 @@ import zlib
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tests.chaos.harness import via_proxy
-from tests.helpers import Env, insert_rows, pg_session, wait_until, with_user
+from tests.helpers import Env, pg_session, wait_until, with_user
 from tests.integration.test_http import http_get
-from tests.proxy import TcpProxy, free_port
+from tests.kit.producer import add_dead_letters, insert_rows
+from tests.kit.proxy import TcpProxy, free_port, via_proxy
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -52,15 +52,9 @@ def png_size_and_colours(path: Path) -> tuple[int, int, int]:
 
 
 async def _add_dead_letters(dsn: str) -> None:
-    async with pg_session(dsn) as conn:
-        await conn.execute(
-            "INSERT INTO queue_message_dead (id, created_at, available_at, attempts, reason) "
-            "SELECT gen_random_uuid(), now(), now(), 3, CASE WHEN g <= 4 "
-            "THEN 'exchange_not_found: orders' ELSE 'unroutable: order.created' END "
-            "FROM generate_series(1, 7) AS g")
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content, available_at) "
-            "SELECT 'later', 'rk', '{}', now() + interval '1 hour' FROM generate_series(1, 12)")
+    await add_dead_letters(dsn, 4, reason="exchange_not_found: orders")
+    await add_dead_letters(dsn, 3, reason="unroutable: order.created")
+    await insert_rows(dsn, "later", "rk", [{}] * 12, delay_s=3600)
 
 
 async def test_status_page__renders_in_headless_chromium_with_the_relay_figures(

@@ -1,4 +1,4 @@
-"""The unit tests' in-memory store (tests/unit/kit.py FakeStore) against the real one: the same
+"""The unit tests' in-memory store (tests/kit/fakes.py FakeStore) against the real one: the same
 cases, run against both, so that what the loop's unit tests assume of a store is what
 PostgreSQL does. Real PostgreSQL for `postgres`."""
 
@@ -14,8 +14,8 @@ from relay.app import database_config
 from relay.interfaces import OutboxRow, Settlement, Store
 from relay.pg.store import Outbox
 from relay.settings import Settings
-from tests.helpers import insert_rows
-from tests.unit.kit import FakeStore
+from tests.kit.fakes import FakeStore
+from tests.kit.producer import insert_rows
 
 _ids = itertools.count()
 

@@ -1,7 +1,7 @@
 """TLS: amqps:// with a CA file reaches the broker; libpq sslmode is honoured, not ignored.
 
 The shared servers speak plain TCP, so TLS to RabbitMQ is terminated by a proxy in the test
-(tests/proxy.py) with a certificate made for the test; PostgreSQL here has ssl=off, so
+(tests/kit/proxy.py) with a certificate made for the test; PostgreSQL here has ssl=off, so
 `sslmode=require` must fail with the server's own answer, and `sslmode=disable` must work.
 """
 
@@ -15,9 +15,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers import Consumer, Env, insert_rows
+from tests.helpers import Env
 from tests.integration.test_security import relay_cmd
-from tests.proxy import TcpProxy
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
+from tests.kit.proxy import TcpProxy
 
 
 @pytest.fixture
@@ -57,7 +59,7 @@ async def test_tls__amqps_with_a_ca_file_publishes_through_a_tls_endpoint(
         ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
                                 [{"tls": i} for i in range(10)])
         await consumer.wait_for(10)
-        assert set(ids) <= set(consumer.ids())
+        assert set(ids) <= set(consumer.ids)
         assert proxy.connections_made >= 1
     finally:
         await proxy.close()

@@ -26,15 +26,9 @@ from relay.settings import Settings
 from relay.supervise import Supervisor
 from relay.tracing.otel import OtelTracing
 from relay.tracing.producer import outbox_options
-from tests.helpers import (
-    RELAY_BIN,
-    Consumer,
-    Env,
-    RelayProcess,
-    count_rows,
-    insert_rows,
-    wait_until,
-)
+from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 from tests.servers.otlp_receiver import OtlpReceiver
 
 ROWS = 5

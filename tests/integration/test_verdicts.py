@@ -3,11 +3,10 @@ against the real servers among good rows: every row gets its verdict, good rows 
 
 from __future__ import annotations
 
-import json
+import uuid
 from typing import Any
 
 from tests.helpers import (
-    Consumer,
     Env,
     count_rows,
     dead_reasons,
@@ -16,6 +15,8 @@ from tests.helpers import (
     pg_session,
     wait_until,
 )
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 
 async def _insert(env: Env, rows: list[tuple[str, str, Any, dict[str, Any] | None]]) -> list[str]:
@@ -24,11 +25,7 @@ async def _insert(env: Env, rows: list[tuple[str, str, Any, dict[str, Any] | Non
         ids = []
         async with conn.transaction():
             for exchange, key, body, options in rows:
-                ids.append(await conn.fetchval(
-                    "INSERT INTO queue_message (exchange, routing_key, content, options) "
-                    "VALUES ($1, $2, $3::jsonb, $4::jsonb) RETURNING id::text",
-                    exchange, key, json.dumps(body),
-                    None if options is None else json.dumps(options)))
+                ids += await insert_rows(conn, exchange, key, [body], options=options)
         return ids
 
 
@@ -43,7 +40,7 @@ async def test_millisecond_timestamp__is_converted_and_delivered_not_a_stuck_tab
     ids = await _insert(env, [*_good(env, 3, "a"), stamped_row, *_good(env, 3, "b")])
     relay = start_relay()
     await consumer.wait_for(7)
-    assert sorted(consumer.ids()) == sorted(ids)
+    assert sorted(consumer.ids) == sorted(ids)
     stamped = next(m for m in consumer.messages if m.message_id == ids[3])
     assert stamped.timestamp is not None
     assert int(stamped.timestamp.timestamp()) == 1763900000
@@ -54,17 +51,16 @@ async def test_millisecond_timestamp__is_converted_and_delivered_not_a_stuck_tab
 async def test_message_id_equal_to_the_row_id__delivered_without_a_reconnect(
     env: Env, consumer: Consumer, start_relay
 ) -> None:
-    row_id = await pg_fetchval(
-        env.pg_dsn, "INSERT INTO queue_message (id, exchange, routing_key, content, options) "
-        "SELECT g, $1, $2, '{\"own\": 1}', jsonb_build_object('messageId', g::text) "
-        "FROM gen_random_uuid() AS g RETURNING id::text", env.exchange, env.routing_key)
+    row_id = str(uuid.uuid4())
+    await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"own": 1}], ids=[row_id],
+                      options={"messageId": row_id})
     good = await _insert(env, _good(env, 5, "g"))
     relay = start_relay()
     await consumer.wait_for(6)
-    assert sorted(consumer.ids()) == sorted([row_id, *good])
+    assert sorted(consumer.ids) == sorted([row_id, *good])
     more = await _insert(env, _good(env, 5, "later"))
     await consumer.wait_for(11)
-    assert set(more) <= set(consumer.ids())
+    assert set(more) <= set(consumer.ids)
     assert _connections_opened(relay.log_events()) == 1
 
 
@@ -76,7 +72,7 @@ async def test_routing_key_over_255_bytes__dead_at_once_naming_the_field(
     relay = start_relay()
     await consumer.wait_for(6)
     await wait_until(lambda: _dead_has(env, ids[3]), what="the long-key row dead")
-    assert sorted(consumer.ids()) == sorted(ids[:3] + ids[4:])
+    assert sorted(consumer.ids) == sorted(ids[:3] + ids[4:])
     reason = (await dead_reasons(env.pg_dsn))[ids[3]]
     assert reason.startswith("encode_error: routing_key: 300 bytes")
     assert relay.alive()
@@ -97,7 +93,7 @@ async def test_forged_outbox_header_on_an_unroutable_row__is_held_not_deleted_as
     assert row is not None, "the unroutable row was deleted as published: the message is lost"
     assert row["attempts"] == 1
     assert row["last_error"].startswith("unroutable:")
-    assert sorted(consumer.ids()) == sorted(good)
+    assert sorted(consumer.ids) == sorted(good)
     assert relay.alive()
 
 
@@ -139,7 +135,7 @@ async def test_rows_the_broker_would_refuse_at_the_protocol_level__dead_without_
     relay = start_relay()
     await consumer.wait_for(6)
     await wait_until(lambda: _all_dead(env, bad), what="the refused rows dead")
-    assert sorted(consumer.ids()) == sorted(ids[:3] + ids[9:])
+    assert sorted(consumer.ids) == sorted(ids[:3] + ids[9:])
     reasons = await dead_reasons(env.pg_dsn)
     codes = [reasons[i].split(":", 1)[0] for i in bad]
     assert codes == ["encode_error", "too_large", "invalid_option", "encode_error",
@@ -167,7 +163,7 @@ async def test_rows_read_by_the_brokers_own_rules__refused_ones_dead_floats_exac
     relay = start_relay()
     await consumer.wait_for(402)
     await wait_until(lambda: _all_dead(env, bad), what="the refused rows dead")
-    assert sorted(set(consumer.ids())) == sorted(set(ids) - set(bad))
+    assert sorted(set(consumer.ids)) == sorted(set(ids) - set(bad))
     assert consumer.duplicates() == 0
     reasons = await dead_reasons(env.pg_dsn)
     assert all(reasons[i].startswith("invalid_option: options.expiration") for i in bad)

@@ -13,6 +13,7 @@ from relay.pg.queries import Queries, TableNames
 from relay.pg.wakeup import WakeupLockSession
 from relay.supervise import Backoff, Supervisor
 from tests.helpers import pg_fetchval, pg_session, wait_until
+from tests.kit.producer import insert_rows
 
 Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
 WAITING_PID = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
@@ -26,9 +27,7 @@ async def test_gate_session_lost_while_queued__the_next_session_is_kept(db: str)
         # A producer mid-transaction holds the wake-up lock shared: the gate's request for it
         # in exclusive mode queues.
         async with pg_session(db) as producer, producer.transaction():
-            await producer.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "VALUES ('x', 'k', '{}')")
+            await insert_rows(producer, "x", "k", [{}])
             await gate.prepare(woken, queue=True)
             assert gate.role == "sleeper"
             pid = await pg_fetchval(db, WAITING_PID)

@@ -12,6 +12,7 @@ from relay.pg.migrate import migrate
 from relay.pg.queries import WAKEUP_LOCK_CLASS, Queries, TableNames
 from relay.settings import NotifyMode
 from tests.helpers import Env, pg_fetch, pg_fetchval, pg_session, wait_until
+from tests.kit.producer import insert_rows
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 POLL_S = 30  # a missed wake-up would wait this long
@@ -22,8 +23,6 @@ FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = {WAKEUP_LOCK_CLASS + 1}::oid
   AND l.objid = 'queue_message'::regclass::oid AND l.objsubid = 2 AND l.granted
 """
-INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, 'rk', '{}') "
-          "RETURNING id::text")
 
 
 async def _holders(dsn: str) -> list[int]:
@@ -53,7 +52,7 @@ async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_kill
         await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
 
         # A row while the sleeper sleeps: notified, delivered by either relay.
-        row_id = await conn.fetchval(INSERT, env.exchange)
+        [row_id] = await insert_rows(conn, env.exchange, "rk", [{}])
         await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5, what="delivery")
 
         sleeper.kill()
@@ -62,7 +61,7 @@ async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_kill
         # Committed right away: the new sleeper may still be on its way to the lock, so this
         # producer may skip the NOTIFY; its check after the lock must find the row.
         started = time.monotonic()
-        orphan = await conn.fetchval(INSERT, env.exchange)
+        [orphan] = await insert_rows(conn, env.exchange, "rk", [{}])
         await wait_until(lambda: _delivered(env.pg_dsn, orphan), timeout_s=POLL_S / 3,
                          what="the row committed during the hand-over, before the periodic sweep")
         assert time.monotonic() - started < 5
@@ -90,8 +89,7 @@ async def test_sleeper_that_cannot_publish__hands_the_role_over_and_rows_flow_at
     NOTIFY for it and the other replicas saw new rows only at their poll interval."""
     from urllib.parse import urlsplit
 
-    from tests.chaos.harness import via_proxy
-    from tests.proxy import TcpProxy
+    from tests.kit.proxy import TcpProxy, via_proxy
 
     async with pg_session(env.pg_dsn) as conn:
         await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
@@ -105,7 +103,7 @@ async def test_sleeper_that_cannot_publish__hands_the_role_over_and_rows_flow_at
             other = start_relay(poll_interval_s=POLL_S)
             await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
             await proxy.cut()  # the sleeper's broker is gone (and stays gone)
-            first = await conn.fetchval(INSERT, env.exchange)
+            [first] = await insert_rows(conn, env.exchange, "rk", [{}])
             await wait_until(lambda: _delivered(env.pg_dsn, first), timeout_s=10,
                              what="a row delivered by the relay that can publish")
             await wait_until(lambda: _holder_is(env.pg_dsn, other.pid), timeout_s=10,
@@ -113,7 +111,7 @@ async def test_sleeper_that_cannot_publish__hands_the_role_over_and_rows_flow_at
             await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
             for _ in range(3):
                 started = time.monotonic()
-                row_id = await conn.fetchval(INSERT, env.exchange)
+                [row_id] = await insert_rows(conn, env.exchange, "rk", [{}])
                 await wait_until(lambda rid=row_id: _delivered(env.pg_dsn, rid),  # type: ignore[misc]
                                  timeout_s=POLL_S / 3, what="a later row, before any poll")
                 assert time.monotonic() - started < 2
@@ -139,7 +137,7 @@ async def test_sleeper_session_lost__shown_in_healthz_logged_once_and_taken_agai
     """The gate's session is supervised like every other: its outage reaches /healthz and the
     log (connection_lost / connection_restored, connection=wakeup), and the relay takes the
     sleeper role again on a new session."""
-    from tests.proxy import free_port
+    from tests.kit.proxy import free_port
 
     async with pg_session(env.pg_dsn) as conn:
         await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
@@ -165,7 +163,7 @@ async def test_sleeper_session_lost__shown_in_healthz_logged_once_and_taken_agai
                          what="the sleeper role taken again on the new session")
         events = [e.get("event") for e in relay.log_events() if e.get("connection") == "wakeup"]
         assert events == ["connection_lost", "connection_restored"], events
-        row_id = await conn.fetchval(INSERT, env.exchange)
+        [row_id] = await insert_rows(conn, env.exchange, "rk", [{}])
         await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5,
                          what="a row after the new session, before any poll")
         assert relay.alive()

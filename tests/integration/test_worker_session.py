@@ -16,7 +16,8 @@ from relay.interfaces import Settlement
 from relay.pg.connection import connect
 from relay.pg.store import Outbox
 from relay.settings import Settings
-from tests.helpers import insert_rows, wait_until
+from tests.helpers import wait_until
+from tests.kit.producer import insert_rows
 
 
 async def _worker_setting(dsn: str, name: str) -> str:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from relay.pg.queries import Queries, TableNames
+from tests.kit.producer import insert_rows
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 Q = Queries(NAMES)
@@ -33,10 +34,7 @@ async def _run(dsn: str, reasons: list[str]) -> None:
         conn.add_log_listener(lambda _c, m: warnings.append(m.message)
                               if m.severity == "WARNING" else None)
         await conn.execute("TRUNCATE queue_message, queue_message_dead")
-        ids = [r[0] for r in await conn.fetch(
-            "INSERT INTO queue_message (exchange, routing_key, content) "
-            "SELECT 'x', 'rk', '{}' FROM generate_series(1, $1) RETURNING id::text",
-            len(reasons))]
+        ids = await insert_rows(conn, "x", "rk", [{}] * len(reasons))
         async with conn.transaction():
             parked = await conn.fetchval(Q["dead_letter"], ids, reasons, [True] * len(ids))
         for _ in range(50):

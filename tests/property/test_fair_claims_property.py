@@ -22,6 +22,7 @@ from relay.pg.queries import Queries
 from relay.pg.seqfloor import FROM_START
 from relay.pg.store import FairKeyCursor
 from tests.conftest import NAMES
+from tests.kit.producer import insert_rows
 
 BATCH = 20
 KEYS_PER_BATCH = 16
@@ -60,13 +61,9 @@ class Row:
 async def _load(conn: asyncpg.Connection, mix: list[Txn]) -> dict[int, Row]:
     await conn.execute("TRUNCATE queue_message")
     for i, txn in enumerate(mix):
-        await conn.execute(
-            "INSERT INTO queue_message (exchange, routing_key, content, ordering_key, "
-            "available_at, fairness_key) "
-            "SELECT 'x', 'rk', jsonb_build_object('t', $1::int, 'r', g), $2::text, "
-            "CASE WHEN $3 THEN now() + interval '1 hour' ELSE now() END, $5::text "
-            "FROM generate_series(1, $4::int) g ORDER BY g",
-            i, txn.key, txn.delayed, txn.rows, txn.fair)
+        await insert_rows(conn, "x", "rk", ({"t": i, "r": g} for g in range(1, txn.rows + 1)),
+                          ordering_keys=txn.key, delay_s=3600 if txn.delayed else 0,
+                          fairness_key=txn.fair)
     records = await conn.fetch(
         "SELECT seq, xact::text::bigint AS xact, ordering_key, available_at <= now() AS due "
         "FROM queue_message")

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from relay.interfaces import Reason
-from tests.helpers import Consumer, Env, count_rows, dead_reasons, pg_session, wait_until
+from tests.helpers import Env, count_rows, dead_reasons, pg_session, wait_until
+from tests.kit.consumer import Consumer
 
 EXAMPLES = 300
 ROW = tuple[str, str | None, str | None, Any, Any, dict[str, Any]]
@@ -170,6 +171,7 @@ def _renamed(row: ROW, fresh: dict[str, str]) -> ROW:
 
 async def _insert(dsn: str, rows: list[ROW]) -> None:
     async with pg_session(dsn) as conn:
+        # Hand-written: the space of rows, attempts and dates included, is the subject.
         await conn.executemany(
             "INSERT INTO queue_message (id, exchange, routing_key, content, options, attempts, "
             "available_at, created_at) VALUES ($1::uuid, $2, $3, $4::jsonb, $5::jsonb, "

@@ -53,6 +53,7 @@ async def _run(dsn: str, rows: list[tuple[str, str | None]], limit: int) -> None
     try:
         await conn.execute("TRUNCATE queue_message")
         for text, key in rows:
+            # Hand-written: the JSON text exactly as written (not re-encoded) is the subject.
             await conn.execute(
                 "INSERT INTO queue_message (exchange, routing_key, content, ordering_key) "
                 "VALUES ('x', 'rk', $1::jsonb, $2)", json.dumps(text, ensure_ascii=False), key)

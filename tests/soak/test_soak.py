@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Consumer, Env, RelayProcess, count_rows, pg_session, wait_until
+from tests.helpers import Env, RelayProcess, count_rows, pg_session, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import insert_rows
 
 pytestmark = pytest.mark.soak
 
@@ -31,11 +33,7 @@ RELAYS, CONCURRENCY, BATCH = 3, 3, 500
 async def _produce(dsn: str, exchange: str) -> None:
     async with pg_session(dsn) as conn:
         for start in range(0, ROWS, CHUNK):
-            await conn.execute(
-                "INSERT INTO queue_message (exchange, routing_key, content) "
-                "SELECT $1, 'rk', jsonb_build_object('n', g) "
-                "FROM generate_series($2::int, $3::int) g",
-                exchange, start, start + CHUNK - 1)
+            await insert_rows(conn, exchange, "rk", ({"n": g} for g in range(start, start + CHUNK)))
             await asyncio.sleep(0.3)
 
 
@@ -104,7 +102,7 @@ async def test_soak__three_relays_100k_rows_broker_close_and_lane_failure_lose_n
     await consumer.wait_for(ROWS, timeout_s=120)
     await wait_until(lambda: _empty(env), timeout_s=60, what="an empty outbox")
     await asyncio.sleep(0.5)  # a straggling duplicate arrives before the count
-    ids = consumer.ids()
+    ids = consumer.ids
     distinct, duplicates = len(set(ids)), len(ids) - len(set(ids))
     in_flight_bound = (len(closed) + terminated) * CONCURRENCY * BATCH
     print(f"\nsoak: {ROWS} rows, {RELAYS} relays: delivered {distinct}, lost {ROWS - distinct}, "

@@ -13,7 +13,8 @@ import aio_pika
 import pytest
 
 import relay.spark.example_job
-from tests.helpers import Consumer, Env, count_rows, wait_until
+from tests.helpers import Env, count_rows, wait_until
+from tests.kit.consumer import Consumer
 from tests.spark.roles import spark_writer_login
 
 # Each spark-submit starts a driver JVM and executors: minutes on a busy 2-core machine.

@@ -25,7 +25,8 @@ from relay.spark import (
     python_outbox_id,
     write_outbox,
 )
-from tests.helpers import Consumer, Env, count_rows, pg_fetch, pg_fetchrow, wait_until
+from tests.helpers import Env, count_rows, pg_fetch, pg_fetchrow, wait_until
+from tests.kit.consumer import Consumer
 
 pytestmark = pytest.mark.spark
 
@@ -95,7 +96,7 @@ async def test_write_outbox__relay_delivers_each_row_once_with_row_id_as_message
     if mode != "append":
         assert result.rows == result.inserted == 20_000
         expected = {str(python_outbox_id(mode, n)) for n in range(20_000)}
-        assert set(consumer.ids()) == expected
+        assert set(consumer.ids) == expected
     # Struct/map content arrives as the JSON object it describes.
     by_n = {body["n"]: body for body in consumer.bodies()}
     assert by_n[12_345] == {"n": 12_345, "text": "héllo ✓", "amount": {"cents": 1_234_500}}

@@ -12,7 +12,7 @@ import structlog
 
 from relay import cli
 from relay.ops import logs
-from tests.unit.kit import clean_env  # noqa: F401 - the fixture, used by pytestmark
+from tests.kit.fakes import clean_env  # noqa: F401 - the fixture, used by pytestmark
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

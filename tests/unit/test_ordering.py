@@ -5,7 +5,7 @@ from __future__ import annotations
 from relay.interfaces import Fault, Kind, OutboxRow, Reason, Verdict
 from relay.loop import ordering
 from relay.loop.worker import Worker, WorkerConfig
-from tests.unit.kit import FakePublisher, FakeStore, keyed, msg
+from tests.kit.fakes import FakePublisher, FakeStore, keyed, msg
 
 NACKED = Fault(Reason.NACKED, "nacked")
 

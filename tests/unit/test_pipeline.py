@@ -18,7 +18,7 @@ from relay.amqp.pipeline import Pipeline
 from relay.amqp.transports import Bulk, Sent, _Closing, _ConfirmChannel
 from relay.interfaces import Message, Reason
 from relay.supervise import Supervisor
-from tests.unit.kit import msg
+from tests.kit.fakes import msg
 
 ACK = Confirm.ACKED
 

@@ -8,7 +8,7 @@ from relay import cli
 from relay.dsn import redact
 from relay.errors import ConfigError
 from relay.settings import Settings
-from tests.unit.kit import clean_env  # noqa: F401 - the fixture, used by pytestmark
+from tests.kit.fakes import clean_env  # noqa: F401 - the fixture, used by pytestmark
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

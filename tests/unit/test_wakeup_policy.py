@@ -12,7 +12,7 @@ from relay.interfaces import LockState
 from relay.loop.sleep import BUSY_DRAIN_ROWS, FLOW_GAP_S
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-from tests.unit.kit import FakeLock, FakePublisher, FakeStore
+from tests.kit.fakes import FakeLock, FakePublisher, FakeStore
 from tests.unit.test_worker_wakeup import HELD_NOTHING_DUE, HELD_ROWS_DUE, row
 
 

@@ -10,7 +10,7 @@ from relay.errors import DatabaseError
 from relay.interfaces import OutboxRow
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-from tests.unit.kit import FakePublisher, FakeStore, keyed, rows
+from tests.kit.fakes import FakePublisher, FakeStore, keyed, rows
 
 CONFIG = WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30)
 

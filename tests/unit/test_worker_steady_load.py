@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from relay.interfaces import Message, OutboxRow, PublishResult
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-from tests.unit.kit import FakePublisher, FakeStore, rows
+from tests.kit.fakes import FakePublisher, FakeStore, rows
 
 
 class SlowFirstPublisher:

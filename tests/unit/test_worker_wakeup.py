@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from relay.interfaces import LockState, OutboxRow
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
-from tests.unit.kit import FakeLock, FakePublisher, FakeStore
+from tests.kit.fakes import FakeLock, FakePublisher, FakeStore
 
 HELD_NOTHING_DUE = LockState(role="sleeper", mode="conditional", held=True, checked=True)
 HELD_ROWS_DUE = LockState(role="sleeper", mode="conditional", held=True, checked=True,

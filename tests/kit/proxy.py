@@ -12,7 +12,9 @@ The relay under test talks to the proxy's port. Three states:
   connections (their peers gave up on them, or will) and forwards new ones.
 
 `client_closes` records when a client closed a connection the black hole held: the moment the
-relay gave up on it by itself. `up_bytes_per_s` makes the link slow one way: what the relay
+relay gave up on it by itself. `hold_replies` swallows what the server sends while the clients'
+bytes still go through (a broker whose confirms never come back); `bytes_up` counts what the
+clients sent. `up_bytes_per_s` makes the link slow one way: what the relay
 sends crawls (all its connections share the rate), the answers come back at full speed.
 """
 
@@ -24,6 +26,7 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 
 def free_port() -> int:
@@ -66,6 +69,8 @@ class TcpProxy:
         self.connections_made = 0
         self.black_holed_at: float | None = None
         self.client_closes: list[float] = []  # monotonic times a client closed a held link
+        self.hold_replies = False
+        self.bytes_up = 0
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
 
@@ -105,6 +110,13 @@ class TcpProxy:
             await self._reset_all()
         if self._server is None:
             await self.start()
+
+    async def reset(self) -> None:
+        """Reset every open connection and forward new ones at once (a link that broke and
+        came back)."""
+        self.hold_replies = False
+        await self.cut()
+        await self.restore()
 
     async def close(self) -> None:
         """Cut for good."""
@@ -152,6 +164,10 @@ class TcpProxy:
                 if self.holding or dst is None:
                     link.held_bytes += len(data)
                     continue
+                if from_client:
+                    self.bytes_up += len(data)
+                elif self.hold_replies:
+                    continue  # swallowed: the client never hears these
                 if from_client and self.up_bytes_per_s is not None:
                     await asyncio.sleep(self._uplink_wait_s(len(data)))
                 dst.write(data)
@@ -175,3 +191,17 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     # abort() drops the socket at once (no graceful FIN handshake), like a broken link.
     with contextlib.suppress(Exception):
         writer.transport.abort()
+
+
+def via_proxy(url: str, port: int) -> str:
+    """The same DSN or AMQP URL (user, password, database, query kept) through a local port."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    auth = netloc[0] + "@" if len(netloc) == 2 else ""
+    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
+
+
+async def proxy_for(url: str) -> TcpProxy:
+    """A started proxy to the server of a DSN or AMQP URL."""
+    parts = urlsplit(url)
+    return await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
