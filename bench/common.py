@@ -459,7 +459,7 @@ def one_off(module: str, *, rates: str | None = None, runs: int | None = None,
 
 @dataclass
 class OneOff:
-    """A one-off script's run (bench/horizon.py, bench/bigbacklog.py...): the command that
+    """A one-off script's run (bench/compare.py, bench/spark/run.py): the command that
     started it, when, the load average then, and its results file."""
 
     module: str

@@ -1,13 +1,16 @@
-"""Commit-to-consumer latency of two builds of the relay, back to back in one run.
+"""Commit-to-consumer latency (and, with --drain-rows, drain speed) of two builds of the
+relay, back to back in one run.
 
     python -m bench.compare --before-src /tmp/relay-before --label "pool reset cut" \
-        --rates 1000:4,3000:16 --runs 3 --seconds 10 --out /tmp/pool-reset.md
+        --rates 1000:4,3000:16 --runs 3 --seconds 10 --drain-rows 100000 --out /tmp/cut.md
 
 `--before-src` is another checkout of the relay (e.g. `git worktree add /tmp/relay-before
 HEAD~1`); the after build is this tree. Runs alternate (before, after, before, after...) on one
 database with the default notify mode, so both see the same machine; every run records the
 load average before it. Writes a Markdown report (machine, command, date, versions, every run
-and the medians) to --out, and prints one JSON line per run.
+and the medians) to --out, and prints one JSON line per run. With --drain-rows, drains of that
+many rows (the default settings, one relay) alternate the same way after the latency runs, on a
+private cluster with the server's defaults (bench/server.py) like the suite's drains.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import uvloop
 
 from bench import floor
 from bench.common import DEFAULT_MODE, OneOff, builds, one_off, one_off_env, wait_quiet
+from bench.drain import drain_once
 from bench.latency import latency_once
+from bench.server import run_on_private_server
 
 
 async def compare(before_src: str, rates: list[tuple[int, int]], runs: int,
@@ -36,6 +41,32 @@ async def compare(before_src: str, rates: list[tuple[int, int]], runs: int,
                     records.add({"build": build, "run": i + 1, "rate": rate,
                                  "connections": connections, **result})
     return records
+
+
+async def compare_drains(before_src: str, rows: int, runs: int, quiet_below: float,
+                         ) -> list[dict[str, Any]]:
+    """Alternate before/after drains of `rows` rows; one record per run."""
+    async with one_off_env("compare_drain", DEFAULT_MODE) as (env, records):
+        for i in range(runs):
+            for build in builds(before_src):
+                await wait_quiet(quiet_below)
+                result = await drain_once(env, rows)
+                records.add({"build": build, "run": i + 1, "rows": rows, **result})
+    return records
+
+
+def drain_table(records: list[dict[str, Any]]) -> list[str]:
+    """Every drain run, then the median msg/s per build."""
+    lines = ["## Drains", "", "| build | rows | run | msg/s | load before |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['build']} | {r['rows']} | {r['run']} | {r['msg_per_s']} | "
+              f"{r.get('load_before')} |" for r in records]
+    lines += ["", "| build | median msg/s |", "|---|---|"]
+    for build in ("before", "after"):
+        rates = [r["msg_per_s"] for r in records if r["build"] == build]
+        if rates:
+            lines.append(f"| {build} | {statistics.median(rates):.0f} |")
+    return lines
 
 
 def _revision(folder: str | None = None) -> str:
@@ -77,7 +108,7 @@ def latency_tables(records: list[dict[str, Any]], key: str, groups: tuple[str, .
 
 
 def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
-           before_src: str = "") -> str:
+           before_src: str = "", drains: list[dict[str, Any]] | None = None) -> str:
     """The Markdown results file."""
     lines = run.header(
         f"Latency, before and after: {label}",
@@ -86,17 +117,24 @@ def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
         "floor: the machine's own latency right before each run (bench/floor.py): a "
         "committed transaction on the run's PostgreSQL, a persistent publish's confirm, "
         "how late a 1 ms timer wakes")
-    return "\n".join(lines + latency_tables(records, "build", ("before", "after"))) + "\n"
+    lines += latency_tables(records, "build", ("before", "after"))
+    if drains:
+        lines += ["", *drain_table(drains)]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     """Parse arguments, run, write the report."""
     args, run = one_off("bench.compare", rates="1000:4,3000:16", runs=3, seconds=10.0,
                         options={"--before-src": {"required": True},
-                                 "--label": {"required": True}})
+                                 "--label": {"required": True},
+                                 "--drain-rows": {"type": int, "default": 0}})
     records = uvloop.run(compare(args.before_src, args.rates, args.runs, args.seconds,
                                  args.quiet_below))
-    run.write(args.out, report(records, args.label, run, before_src=args.before_src))
+    drains = run_on_private_server(lambda: compare_drains(
+        args.before_src, args.drain_rows, args.runs, args.quiet_below)) if args.drain_rows else []
+    run.write(args.out, report(records, args.label, run, before_src=args.before_src,
+                               drains=drains))
 
 
 if __name__ == "__main__":
