@@ -37,6 +37,10 @@ class OutboxRow(NamedTuple):
     # Bytes of content the claim left in the database (over RELAY_MAX_MESSAGE_BYTES); content
     # is then None and the row is parked as too large.
     withheld: int | None = None
+    # A recurring row (docs/recurring.md): its schedule, and the time this occurrence was due
+    # (epoch seconds, database clock).
+    repeat: str | None = None
+    occurrence_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -59,6 +63,7 @@ class Reason(StrEnum):
     # The row's own fault, found before sending: dead at once.
     INVALID_ROW = "invalid_row"  # NULL content or exchange
     INVALID_OPTION = "invalid_option"  # options the relay does not know or cannot map
+    INVALID_REPEAT = "invalid_repeat"  # a recurring row whose schedule has no next time
     ENCODE_ERROR = "encode_error"  # AMQP cannot carry it (short string too long, header type)
     TOO_LARGE = "too_large"  # body over RELAY_MAX_MESSAGE_BYTES, properties over a frame
     FORBIDDEN = "forbidden"  # the broker would close the channel for it (a foreign userId)

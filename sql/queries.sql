@@ -198,12 +198,16 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 -- `withheld`: the relay parks it (too_large) in this transaction, and its content never leaves
 -- the server (a row of hundreds of MiB would take the relay past its memory limit, every
 -- replica in turn). Such a row still counts against the byte budget: it ends its batch.
+-- A recurring row (docs/recurring.md) comes with its `repeat` and the time it was due
+-- (`occurrence_s`, epoch seconds); it has no ordering key (the table's CHECK), so the keyed
+-- parts return neither.
 -- $6 goes through a materialized CTE, so that the plan is the same whatever its value: the
 -- server then keeps one generic plan instead of planning every claim again.
 WITH turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
 keyed_first AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
-           f.seq, f.ordering_key, NULL::text AS fair_key
+           f.seq, f.ordering_key, NULL::text AS fair_key, NULL::text AS repeat,
+           NULL::float8 AS occurrence_s
     FROM turn AS t, {claim_keyed_fn}(CASE WHEN t.keyed_first THEN $1::integer END, $2::integer,
                                     $3::boolean, $4::bigint) AS f
     WHERE t.keyed_first),
@@ -233,7 +237,7 @@ fair_seqs AS (
     FROM (SELECT seq FROM fair UNION ALL SELECT seq FROM fair_by_key) AS a),
 unkeyed AS (
     SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
-           w.seq, w.ordering_key, w.fair_key
+           w.seq, w.ordering_key, w.fair_key, w.repeat, w.occurrence_s
     FROM (SELECT c.*,
                  sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
                      OVER (ORDER BY c.fill, c.seq)
@@ -246,6 +250,8 @@ unkeyed AS (
                        NULL::text AS ordering_key,
                        CASE WHEN seq = ANY((SELECT by_key FROM fair_seqs)::bigint[])
                             THEN fairness_key END AS fair_key,
+                       repeat, CASE WHEN repeat IS NOT NULL
+                            THEN EXTRACT(EPOCH FROM available_at)::float8 END AS occurrence_s,
                        false AS fill
                 FROM {table}
                 WHERE seq = ANY((SELECT seqs FROM fair_seqs)::bigint[])
@@ -255,7 +261,11 @@ unkeyed AS (
                            convert_to(content::text, 'UTF8') AS content,
                            options::text AS options, GREATEST(attempts, 0) AS attempts,
                            EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
-                           NULL::text AS ordering_key, NULL::text AS fair_key, true AS fill
+                           NULL::text AS ordering_key, NULL::text AS fair_key,
+                           repeat, CASE WHEN repeat IS NOT NULL
+                                        THEN EXTRACT(EPOCH FROM available_at)::float8
+                                   END AS occurrence_s,
+                           true AS fill
                     FROM {table}
                     WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $5
                       AND seq <> ALL((SELECT seqs FROM fair_seqs)::bigint[])
@@ -273,7 +283,8 @@ room_after_unkeyed AS (
     FROM unkeyed),
 keyed_after AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
-           f.seq, f.ordering_key, NULL::text AS fair_key
+           f.seq, f.ordering_key, NULL::text AS fair_key, NULL::text AS repeat,
+           NULL::float8 AS occurrence_s
     FROM turn AS t, room_after_unkeyed AS r,
          {claim_keyed_fn}(CASE WHEN NOT t.keyed_first THEN r.n_rows::integer END, $2::integer,
                           $3::boolean, r.n_bytes::bigint) AS f
@@ -282,7 +293,7 @@ SELECT c.id, c.exchange, c.routing_key,
        CASE WHEN octet_length(c.content) <= $8 THEN c.content END AS content,
        c.options, c.attempts, c.created_at_s, c.seq, c.ordering_key,
        CASE WHEN octet_length(c.content) > $8 THEN octet_length(c.content) END AS withheld,
-       c.fair_key
+       c.fair_key, c.repeat, c.occurrence_s
 FROM (SELECT * FROM keyed_first
       UNION ALL
       SELECT * FROM unkeyed
@@ -297,7 +308,8 @@ FROM (SELECT * FROM keyed_first
 SELECT w.id, w.exchange, w.routing_key,
        CASE WHEN octet_length(w.content) <= $5 THEN w.content END AS content,
        w.options, w.attempts, w.created_at_s, w.seq, w.ordering_key,
-       CASE WHEN octet_length(w.content) > $5 THEN octet_length(w.content) END AS withheld
+       CASE WHEN octet_length(w.content) > $5 THEN octet_length(w.content) END AS withheld,
+       w.repeat, w.occurrence_s
 FROM (SELECT c.*,
              sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
                  OVER (ORDER BY c.seq)
@@ -307,7 +319,8 @@ FROM (SELECT c.*,
                    convert_to(content::text, 'UTF8') AS content, options::text AS options,
                    GREATEST(attempts, 0) AS attempts,
                    EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
-                   NULL::text AS ordering_key
+                   NULL::text AS ordering_key, repeat, CASE WHEN repeat IS NOT NULL
+                            THEN EXTRACT(EPOCH FROM available_at)::float8 END AS occurrence_s
             FROM {table}
             WHERE seq = ANY(ARRAY(SELECT f FROM {claim_fair_fn}($1::integer, $3::bigint,
                                                                $4::text::xid8) AS f))
@@ -385,6 +398,7 @@ SELECT id, exchange, routing_key,
        CASE WHEN octet_length(content) <= $4 THEN content END AS content,
        options, attempts, seq, ordering_key, created_at_s,
        CASE WHEN octet_length(content) > $4 THEN octet_length(content) END AS withheld,
+       repeat, occurrence_s,
        NULL::boolean AS a_full, NULL::boolean AS walked, NULL::bigint AS b_rows,
        NULL::bigint AS b_end
 FROM (SELECT c.*,
@@ -395,14 +409,16 @@ FROM (SELECT c.*,
       FROM (SELECT t.id::text AS id, t.exchange, t.routing_key,
                    convert_to(t.content::text, 'UTF8') AS content,
                    t.options::text AS options, GREATEST(t.attempts, 0) AS attempts, t.seq,
-                   t.ordering_key, EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s
+                   t.ordering_key, EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s,
+                   t.repeat, CASE WHEN t.repeat IS NOT NULL
+                        THEN EXTRACT(EPOCH FROM t.available_at)::float8 END AS occurrence_s
             FROM {table} AS t
             WHERE t.seq = ANY(ARRAY(SELECT seq FROM cand))
             ORDER BY t.seq
             FOR UPDATE OF t SKIP LOCKED) AS c) AS w
 WHERE w.before < $3
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        (SELECT n >= $6 FROM a_end), (SELECT yes FROM walk_b), (SELECT count(*) FROM b),
        (SELECT max(seq) FROM b)
 ORDER BY seq NULLS LAST
@@ -432,6 +448,35 @@ INSERT INTO {archive} (id, seq, exchange, routing_key, content, options, created
                        available_at, attempts, last_error, ordering_key)
 SELECT * FROM moved
 ON CONFLICT (id) DO NOTHING
+
+-- name: reschedule_repeating
+-- Published recurring rows stay: each is due again at its next time ($2: the cron rows' times,
+-- computed by relay/schedule.py; NULL for an interval, counted from now here), attempts reset.
+UPDATE {table} AS t
+SET available_at = COALESCE(f.next_at, now() + t.repeat::interval), attempts = 0,
+    last_error = NULL
+FROM unnest($1::uuid[], $2::timestamptz[]) AS f(id, next_at)
+WHERE t.id = f.id AND t.repeat IS NOT NULL
+
+-- name: archive_repeating
+-- As reschedule_repeating, with each occurrence archived first: under an id of its own (the
+-- row's id and the time it was due, hashed), its seq the row's, so `WHERE seq = ...` finds
+-- every occurrence of a row in the archive.
+WITH occurrences AS (
+    INSERT INTO {archive} (id, seq, exchange, routing_key, content, options, created_at,
+                           available_at, attempts, last_error, ordering_key)
+    SELECT md5(t.id::text || '@' || EXTRACT(EPOCH FROM t.available_at)::text)::uuid, t.seq,
+           t.exchange, t.routing_key, t.content, t.options, t.created_at, t.available_at,
+           t.attempts, t.last_error, t.ordering_key
+    FROM {table} AS t
+    WHERE t.id = ANY($1::uuid[]) AND t.repeat IS NOT NULL
+    ON CONFLICT (id) DO NOTHING
+)
+UPDATE {table} AS t
+SET available_at = COALESCE(f.next_at, now() + t.repeat::interval), attempts = 0,
+    last_error = NULL
+FROM unnest($1::uuid[], $2::timestamptz[]) AS f(id, next_at)
+WHERE t.id = f.id AND t.repeat IS NOT NULL
 
 -- name: reschedule_failed
 -- $4: whether the row's attempt counts (false: its destination stopped confirming, which is
@@ -480,13 +525,16 @@ SELECT pg_try_advisory_lock({leader_lock_class}, {table_oid})
 -- The due rows' age also by class (docs/fairness.md): rows of transactions that wrote fewer
 -- than 1,000 rows ("live": applications) and of those that wrote more ("bulk": backfills,
 -- Spark), so that an alert on live lag does not fire for a backfill, and the reverse.
--- created_at may be +-infinity (producers write it): an age is clamped to 0..100 years.
+-- created_at may be +-infinity (producers write it): an age is clamped to 0..100 years. A
+-- recurring row's age counts from the time its occurrence was due, not from its INSERT.
 WITH by_xact AS (
     SELECT count(*) AS n_rows,
            count(*) FILTER (WHERE available_at <= now()) AS due,
            count(*) FILTER (WHERE available_at > now()) AS delayed,
            count(*) FILTER (WHERE attempts > 0) AS retrying,
-           min(created_at) FILTER (WHERE available_at <= now()) AS oldest_due
+           count(*) FILTER (WHERE repeat IS NOT NULL) AS recurring,
+           min(CASE WHEN repeat IS NULL THEN created_at ELSE available_at END)
+               FILTER (WHERE available_at <= now()) AS oldest_due
     FROM {table}
     GROUP BY xact)
 SELECT COALESCE(sum(due), 0)::bigint AS due,
@@ -499,7 +547,8 @@ SELECT COALESCE(sum(due), 0)::bigint AS due,
        LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM min(oldest_due)
                       FILTER (WHERE n_rows >= 1000)), 0), 0), 3155760000)::float8
                                                           AS oldest_bulk_due_age_s,
-       COALESCE(sum(retrying), 0)::bigint AS retrying
+       COALESCE(sum(retrying), 0)::bigint AS retrying,
+       COALESCE(sum(recurring), 0)::bigint AS recurring
 FROM by_xact
 
 -- name: relay_sessions

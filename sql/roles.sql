@@ -33,7 +33,8 @@ GRANT USAGE ON SCHEMA {schema} TO {producer_role}, {relay_role};
 -- client-side instead when you need it.) seq is an identity column: its default needs no
 -- USAGE on the sequence. REVOKE first, so that re-running replaces a table-wide grant.
 REVOKE INSERT ON {table} FROM {producer_role};
-GRANT INSERT (id, exchange, routing_key, content, options, ordering_key, available_at)
+GRANT INSERT (id, exchange, routing_key, content, options, ordering_key, available_at,
+              fairness_key, repeat)
     ON {table} TO {producer_role};
 
 -- The relay: claim (SELECT ... FOR UPDATE needs UPDATE of one column), reschedule (UPDATE of

@@ -11,7 +11,8 @@ channel or, for a frame the broker cannot parse, the whole connection.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from pamqp import commands as spec
@@ -22,6 +23,9 @@ from relay.interfaces import Fault, Message, OutboxRow, Reason
 from relay.options import Properties, parse_options
 
 OUTBOX_ID_HEADER = "x-outbox-id"
+# A recurring row's occurrence: the time it was due, ISO 8601 UTC (docs/recurring.md). Every
+# occurrence carries the row's id; (id, occurrence) tells one occurrence from the next.
+OCCURRENCE_HEADER = "x-outbox-occurrence"
 SHORTSTR_MAX = 255
 TABLE_KEY_MAX = 128  # pamqp silently truncates longer field names
 HEADER_DEPTH_MAX = 64
@@ -60,6 +64,13 @@ def amqp_properties(message: Message) -> spec.Basic.Properties:
     )
 
 
+def with_occurrence(props: Properties, occurrence_s: float) -> Properties:
+    """The row's properties with its occurrence header (a copy: parsed options are shared)."""
+    when = datetime.fromtimestamp(occurrence_s, UTC).isoformat(timespec="milliseconds")
+    headers = {**(props.headers or {}), OCCURRENCE_HEADER: when.replace("+00:00", "Z")}
+    return replace(props, headers=headers)
+
+
 def publish_method(exchange: str, routing_key: str, mandatory: bool) -> spec.Basic.Publish:
     """The basic.publish method (pamqp checks the exchange name against AMQP's rule here)."""
     return spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)
@@ -96,6 +107,8 @@ class Encoder:
             props = parse_options(row.options)
         except InvalidRow as exc:
             return Fault(Reason.INVALID_OPTION, str(exc))
+        if row.occurrence_s is not None:
+            props = with_occurrence(props, row.occurrence_s)
         mandatory = self.mandatory if props.mandatory is None else props.mandatory
         # A NULL routing key (classic tables allow it) means the empty key, as in amqplib.
         message = Message(row.id, row.exchange or "", row.routing_key or "", body, props,

@@ -50,6 +50,7 @@ def lines(doc: dict[str, Any]) -> list[str]:
         ("empty in", "not draining" if growing else human_s(eta)),
         ("delayed rows", f"{doc['delayed']:,}"),
         ("rows retrying", f"{doc['retrying']:,}"),
+        ("recurring rows", f"{doc.get('recurring', 0):,}"),
         ("dead letters", f"{doc['dead']:,}"),
     ]
     rows += [(f"  {reason}", f"{n:,}") for reason, n in doc["dead_by_reason"].items()]

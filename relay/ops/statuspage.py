@@ -132,6 +132,7 @@ def render(doc: dict[str, Any], broker_node: tuple[str | None, int] | None = Non
         _card("Notify mode", str(doc["notify_mode"])),
         _card("Delayed rows", f"{doc['delayed']:,}"),
         _card("Rows retrying", f"{doc['retrying']:,}"),
+        _card("Recurring rows", f"{doc.get('recurring', 0):,}"),
     ]
     if broker_node is not None:
         node, failovers = broker_node

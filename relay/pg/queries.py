@@ -73,6 +73,10 @@ class TableNames:
             "replay_fn_literal": "'" + self._q("_replay").replace("'", "''") + "'",
             "dead_letter_fn": self._q("_park"),
             "dead_letter_fn_literal": "'" + self._q("_park").replace("'", "''") + "'",
+            "repeat_field_fn": self._q("_repeat_field"),
+            "repeat_valid_fn": self._q("_repeat_valid"),
+            "repeat_problem_fn": self._q("_repeat_problem"),
+            "repeat_valid_fn_literal": "'" + self._q("_repeat_valid").replace("'", "''") + "'",
             "dead_literal": "'" + self._q("_dead").replace("'", "''") + "'",
             # Spark's staging tables: a schema of their own (sql/migrations/0010).
             "stage_schema": quote_ident(self.name + "_stage"),

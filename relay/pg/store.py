@@ -10,12 +10,13 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from relay.errors import SchemaError
-from relay.interfaces import ClaimOptions, OnSuccess, OutboxRow, Settlement
+from relay.interfaces import ClaimOptions, OnSuccess, OutboxRow, Reason, Settlement
 from relay.pg.config import DatabaseConfig
 from relay.pg.connection import (
     DB_ERRORS,
@@ -33,6 +34,7 @@ from relay.pg.queries import Queries
 from relay.pg.schema import require_current
 from relay.pg.seqfloor import FROM_START, SeqFloor
 from relay.pg.status import backlog_figures
+from relay.schedule import ScheduleError, is_interval, next_cron_time
 
 
 async def _rollback_quietly(conn: Conn) -> None:
@@ -83,23 +85,57 @@ class _Claim:
 
     async def settle(self, settlement: Settlement) -> None:
         """Write every row's fate; the caller's transaction commits it. A batch whose rows
-        were all published (and are deleted, not archived) is deleted by commit() itself."""
-        if (self._on_success is OnSuccess.DELETE and not settlement.retry
-                and not settlement.dead):
-            self._delete_at_commit = list(settlement.published)
+        were all published (and are deleted, not archived) is deleted by commit() itself.
+        Published recurring rows stay, due again at their next time (docs/recurring.md); one
+        whose schedule has no next time is parked."""
+        published, repeating, unschedulable = self._split_recurring(settlement.published)
+        dead = settlement.dead + unschedulable
+        if (self._on_success is OnSuccess.DELETE and not settlement.retry and not dead
+                and not repeating):
+            self._delete_at_commit = list(published)
             return
+        archive = self._on_success is OnSuccess.ARCHIVE
         with translated("settling a batch", self._conn):
-            if settlement.published:
-                archive = self._on_success is OnSuccess.ARCHIVE
+            if published:
                 name = "archive_published" if archive else "delete_published"
-                await self._conn.execute(self._q[name], settlement.published)
+                await self._conn.execute(self._q[name], published)
+            if repeating:
+                ids, times = zip(*repeating, strict=True)
+                await self._conn.execute(
+                    self._q["archive_repeating" if archive else "reschedule_repeating"],
+                    ids, times)
             if settlement.retry:
                 ids, errors, delays, counted = zip(*settlement.retry, strict=True)
                 await self._conn.execute(self._q["reschedule_failed"], ids, errors, delays,
                                          counted)
-            if settlement.dead:
-                ids, reasons, counted = zip(*settlement.dead, strict=True)
+            if dead:
+                ids, reasons, counted = zip(*dead, strict=True)
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
+
+    def _split_recurring(self, published: list[str]) -> tuple[
+            list[str], list[tuple[str, datetime | None]], list[tuple[str, str, bool]]]:
+        """Published ids as (one-off rows; recurring rows with their next cron time, None for
+        an interval; recurring rows to park, with the reason their schedule has no next
+        time)."""
+        schedules = {r.id: r.repeat for r in self.rows if r.repeat is not None}
+        if not schedules:
+            return published, [], []
+        once: list[str] = []
+        again: list[tuple[str, datetime | None]] = []
+        park: list[tuple[str, str, bool]] = []
+        now = datetime.now(UTC)
+        for rid in published:
+            repeat = schedules.get(rid)
+            if repeat is None:
+                once.append(rid)
+            elif is_interval(repeat):
+                again.append((rid, None))
+            else:
+                try:
+                    again.append((rid, next_cron_time(repeat, now)))
+                except ScheduleError as exc:
+                    park.append((rid, f"{Reason.INVALID_REPEAT}: {exc}", False))
+        return once, again, park
 
 
 def _uuid_array_literal(ids: Sequence[str]) -> str:
@@ -162,9 +198,13 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     records.sort(key=lambda r: r["seq"])
     rows = [
         # attempts is producer-writable: a negative count reads as none made yet.
+        # A recurring row's age (the metrics') counts from the time its occurrence was due.
         OutboxRow(r["id"], r["exchange"], r["routing_key"], r["content"], r["options"],
-                  max(r["attempts"], 0), created_at_s=r["created_at_s"],
-                  ordering_key=r["ordering_key"], withheld=r["withheld"])
+                  max(r["attempts"], 0),
+                  created_at_s=(r["created_at_s"] if r["occurrence_s"] is None
+                                else r["occurrence_s"]),
+                  ordering_key=r["ordering_key"], withheld=r["withheld"],
+                  repeat=r["repeat"], occurrence_s=r["occurrence_s"])
         for r in records
     ]
     return rows, more or used >= opts.max_bytes
@@ -391,6 +431,8 @@ class Outbox:
         name = ("archive_published" if self._on_success is OnSuccess.ARCHIVE
                 else "delete_published")
         await conn.execute(q[name], [])
+        await conn.execute(q["archive_repeating" if self._on_success is OnSuccess.ARCHIVE
+                             else "reschedule_repeating"], [], [])
         await conn.execute(q["reschedule_failed"], [], [], [], [])
         await conn.execute(q["dead_letter"], [], [], [])
         if len(self._prepared) > PREPARED_KEPT:

@@ -182,3 +182,16 @@ def test_properties__header_floats_are_encoded_as_doubles_keeping_their_value() 
     assert headers["big"] == 1e300
     assert headers["nested"]["list"] == [0.1]
     assert b"d" + struct.pack(">d", 12345678.9) in encoded
+
+
+def test_a_recurring_occurrence__carries_its_time_beside_the_row_id_options_untouched() -> None:
+    options = json.dumps({"headers": {"tenant": "t1"}})
+    plain = _message(_row(options=options))
+    recurring = _message(_row(options=options, repeat="PT1S", occurrence_s=1_790_000_000.25))
+    props = amqp_properties(recurring)
+    assert props.message_id == ROW_ID
+    assert props.headers == {"tenant": "t1", "x-outbox-id": ROW_ID,
+                             "x-outbox-occurrence": "2026-09-21T14:13:20.250Z"}
+    # The parsed options are cached and shared by every row with the same text: untouched.
+    assert plain.properties.headers == {"tenant": "t1"}
+    assert _message(_row(options=options)).properties.headers == {"tenant": "t1"}
