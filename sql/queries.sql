@@ -458,6 +458,10 @@ SET available_at = COALESCE(f.next_at, now() + t.repeat::interval), attempts = 0
 FROM unnest($1::uuid[], $2::timestamptz[]) AS f(id, next_at)
 WHERE t.id = f.id AND t.repeat IS NOT NULL
 
+-- name: database_time
+-- When a recurring row's next cron time is computed from: the server's clock at the settle.
+SELECT clock_timestamp()
+
 -- name: archive_repeating
 -- As reschedule_repeating, with each occurrence archived first: under an id of its own (the
 -- row's id and the time it was due, hashed), its seq the row's, so `WHERE seq = ...` finds

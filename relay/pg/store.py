@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -88,7 +88,17 @@ class _Claim:
         were all published (and are deleted, not archived) is deleted by commit() itself.
         Published recurring rows stay, due again at their next time (docs/recurring.md); one
         whose schedule has no next time is parked."""
-        published, repeating, unschedulable = self._split_recurring(settlement.published)
+        schedules = {r.id: r.repeat for r in self.rows if r.repeat is not None}
+        published = settlement.published
+        repeating: list[tuple[str, datetime | None]] = []
+        unschedulable: list[tuple[str, str, bool]] = []
+        if any(rid in schedules for rid in settlement.published):
+            # The database's clock, not this host's: a relay whose clock is behind would
+            # schedule a frequent row in the database's past, due again at once.
+            with translated("reading the database's clock", self._conn):
+                now = await self._conn.fetchval(self._q["database_time"])
+            published, repeating, unschedulable = split_recurring(settlement.published,
+                                                                  schedules, now)
         dead = settlement.dead + unschedulable
         if (self._on_success is OnSuccess.DELETE and not settlement.retry and not dead
                 and not repeating):
@@ -112,30 +122,29 @@ class _Claim:
                 ids, reasons, counted = zip(*dead, strict=True)
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
 
-    def _split_recurring(self, published: list[str]) -> tuple[
-            list[str], list[tuple[str, datetime | None]], list[tuple[str, str, bool]]]:
-        """Published ids as (one-off rows; recurring rows with their next cron time, None for
-        an interval; recurring rows to park, with the reason their schedule has no next
-        time)."""
-        schedules = {r.id: r.repeat for r in self.rows if r.repeat is not None}
-        if not schedules:
-            return published, [], []
-        once: list[str] = []
-        again: list[tuple[str, datetime | None]] = []
-        park: list[tuple[str, str, bool]] = []
-        now = datetime.now(UTC)
-        for rid in published:
-            repeat = schedules.get(rid)
-            if repeat is None:
-                once.append(rid)
-            elif is_interval(repeat):
-                again.append((rid, None))
-            else:
-                try:
-                    again.append((rid, next_cron_time(repeat, now)))
-                except ScheduleError as exc:
-                    park.append((rid, f"{Reason.INVALID_REPEAT}: {exc}", False))
-        return once, again, park
+
+
+def split_recurring(published: list[str], schedules: Mapping[str, str], now: datetime,
+                    ) -> tuple[list[str], list[tuple[str, datetime | None]],
+                               list[tuple[str, str, bool]]]:
+    """Published ids as: one-off rows; recurring rows with their next cron time after `now`
+    (None for an interval, which the database counts from its own now); recurring rows to
+    park, with the reason their schedule has no next time."""
+    once: list[str] = []
+    again: list[tuple[str, datetime | None]] = []
+    park: list[tuple[str, str, bool]] = []
+    for rid in published:
+        repeat = schedules.get(rid)
+        if repeat is None:
+            once.append(rid)
+        elif is_interval(repeat):
+            again.append((rid, None))
+        else:
+            try:
+                again.append((rid, next_cron_time(repeat, now)))
+            except ScheduleError as exc:
+                park.append((rid, f"{Reason.INVALID_REPEAT}: {exc}", False))
+    return once, again, park
 
 
 def _uuid_array_literal(ids: Sequence[str]) -> str:
@@ -433,6 +442,7 @@ class Outbox:
         await conn.execute(q[name], [])
         await conn.execute(q["archive_repeating" if self._on_success is OnSuccess.ARCHIVE
                              else "reschedule_repeating"], [], [])
+        await conn.execute(q["database_time"])
         await conn.execute(q["reschedule_failed"], [], [], [], [])
         await conn.execute(q["dead_letter"], [], [], [])
         if len(self._prepared) > PREPARED_KEPT:
