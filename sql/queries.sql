@@ -453,8 +453,9 @@ ON CONFLICT (id) DO NOTHING
 -- Published recurring rows stay: each is due again at its next time ($2: the cron rows' times,
 -- computed by relay/schedule.py; NULL for an interval, counted from now here), attempts reset.
 UPDATE {table} AS t
-SET available_at = COALESCE(f.next_at, now() + t.repeat::interval), attempts = 0,
-    last_error = NULL
+-- (an interval as the table's CHECK reads it: upper case, blanks trimmed)
+SET available_at = COALESCE(f.next_at, now() + upper(btrim(t.repeat, E' \t'))::interval),
+    attempts = 0, last_error = NULL
 FROM unnest($1::uuid[], $2::timestamptz[]) AS f(id, next_at)
 WHERE t.id = f.id AND t.repeat IS NOT NULL
 
@@ -477,8 +478,9 @@ WITH occurrences AS (
     ON CONFLICT (id) DO NOTHING
 )
 UPDATE {table} AS t
-SET available_at = COALESCE(f.next_at, now() + t.repeat::interval), attempts = 0,
-    last_error = NULL
+-- (an interval as the table's CHECK reads it: upper case, blanks trimmed)
+SET available_at = COALESCE(f.next_at, now() + upper(btrim(t.repeat, E' \t'))::interval),
+    attempts = 0, last_error = NULL
 FROM unnest($1::uuid[], $2::timestamptz[]) AS f(id, next_at)
 WHERE t.id = f.id AND t.repeat IS NOT NULL
 

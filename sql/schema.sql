@@ -351,12 +351,12 @@ BEGIN
                   -- attempts is producer-writable: the count stops at integer's maximum.
                   LEAST(GREATEST(t.attempts, 0), 2147483646)
                       + CASE WHEN r.counted THEN 1 ELSE 0 END AS attempts,
-                  r.reason AS last_error, t.ordering_key, r.reason, r.n
+                  r.reason AS last_error, t.ordering_key, r.reason, r.n, t.repeat
     ), parked AS (
         INSERT INTO "queue_message_dead" (id, seq, exchange, routing_key, content, options, created_at,
-                            available_at, attempts, last_error, ordering_key, reason)
+                            available_at, attempts, last_error, ordering_key, reason, repeat)
         SELECT id, seq, exchange, routing_key, content, options, created_at, available_at,
-               attempts, last_error, ordering_key, reason
+               attempts, last_error, ordering_key, reason, repeat
         FROM moved
         RETURNING id, reason
     )
@@ -370,6 +370,177 @@ BEGIN
             USING HINT = 'relay dead list shows them; relay dead replay publishes them again';
     END IF;
     RETURN parked_n;
+END
+$$;
+
+CREATE FUNCTION public.queue_message_repeat_field(p_field integer, p_s text) RETURNS integer[]
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $_$
+DECLARE
+    lo integer := (ARRAY[0, 0, 0, 1, 1, 0])[p_field + 1];
+    hi integer := (ARRAY[59, 59, 23, 31, 12, 7])[p_field + 1];
+    out integer[] := '{}';
+    term text;
+    rest text;
+    items integer[];
+    a numeric;
+    b numeric;
+    step numeric;
+BEGIN
+    IF p_s = '*' THEN
+        RETURN ARRAY(SELECT generate_series(lo, hi));
+    END IF;
+    IF position(',' IN p_s) > 0 THEN
+        FOREACH term IN ARRAY string_to_array(p_s, ',') LOOP
+            items := "queue_message_repeat_field"(p_field, term);
+            IF items IS NULL THEN
+                RETURN NULL;
+            END IF;
+            out := out || items;
+        END LOOP;
+        RETURN out;
+    END IF;
+    IF p_field = 5 AND position('L' IN p_s) > 0 THEN
+        term := left(p_s, -1);
+        IF right(p_s, 1) <> 'L' OR term !~ '^[0-9]+$' OR term::numeric > hi THEN
+            RETURN NULL;
+        END IF;
+        RETURN ARRAY[-1];
+    END IF;
+    IF p_field = 5 AND position('#' IN p_s) > 0 THEN
+        term := split_part(p_s, '#', 1);
+        rest := substr(p_s, length(term) + 2);
+        IF rest !~ '^[0-9]+$' OR rest::numeric NOT BETWEEN 1 AND 5
+           OR "queue_message_repeat_field"(p_field, term) IS NULL OR term ~ '[-/*]' THEN
+            RETURN NULL;
+        END IF;
+        RETURN ARRAY[-1];
+    END IF;
+    IF position('/' IN p_s) > 0 THEN
+        term := split_part(p_s, '/', 1);
+        rest := substr(p_s, length(term) + 2);
+        IF rest !~ '^[0-9]+$' OR rest::numeric = 0 THEN
+            RETURN NULL;
+        END IF;
+        items := "queue_message_repeat_field"(p_field, term);
+        IF items IS NULL OR items IN (ARRAY[-1000], ARRAY[-1001]) THEN
+            RETURN items;
+        END IF;
+        IF cardinality(items) = 1 THEN
+            RETURN ARRAY(SELECT generate_series(items[1], hi));
+        END IF;
+        RETURN items;
+    END IF;
+    IF position('-' IN p_s) > 0 THEN
+        term := split_part(p_s, '-', 1);
+        rest := substr(p_s, length(term) + 2);
+        items := "queue_message_repeat_field"(p_field, term);
+        IF items IS NULL OR "queue_message_repeat_field"(p_field, rest) IS NULL
+           OR term !~ '^([0-9]+|[A-Z]{3})$' OR rest !~ '^([0-9]+|[A-Z]{3})$' THEN
+            RETURN NULL;
+        END IF;
+        a := items[1];
+        b := ("queue_message_repeat_field"(p_field, rest))[1];
+        IF b < a THEN
+            RETURN NULL;
+        END IF;
+        RETURN ARRAY(SELECT generate_series(a::integer, b::integer));
+    END IF;
+    IF p_field = 3 AND p_s = 'LW' THEN
+        RETURN ARRAY[-1001];
+    END IF;
+    IF p_field = 3 AND p_s = 'L' THEN
+        RETURN ARRAY[-1000];
+    END IF;
+    IF p_field = 4 AND p_s IN ('JAN', 'FEB', 'MAR', 'APR', 'MAY', 'JUN', 'JUL', 'AUG', 'SEP',
+                                'OCT', 'NOV', 'DEC') THEN
+        RETURN ARRAY[array_position(ARRAY['JAN', 'FEB', 'MAR', 'APR', 'MAY', 'JUN', 'JUL', 'AUG',
+                                          'SEP', 'OCT', 'NOV', 'DEC'], p_s)];
+    END IF;
+    IF p_field = 5 AND p_s IN ('SUN', 'MON', 'TUE', 'WED', 'THU', 'FRI', 'SAT') THEN
+        RETURN ARRAY[array_position(ARRAY['SUN', 'MON', 'TUE', 'WED', 'THU', 'FRI', 'SAT'],
+                                    p_s) - 1];
+    END IF;
+    IF p_s !~ '^[0-9]+$' THEN
+        RETURN NULL;
+    END IF;
+    a := p_s::numeric;
+    IF a < lo OR a > hi THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY[a::integer];
+END
+$_$;
+
+CREATE FUNCTION public.queue_message_repeat_problem(p_repeat text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $_$
+DECLARE
+    parts text[];
+    days integer[];
+    months integer[];
+    names text[] := ARRAY['second', 'minute', 'hour', 'day of month', 'month', 'day of week'];
+    i integer;
+BEGIN
+    IF p_repeat !~ '^[\x20-\x7e\t]*$' THEN
+        RETURN 'only printable ASCII, spaces and tabs';
+    END IF;
+    parts := regexp_split_to_array(btrim(upper(p_repeat), E' \t'), E'[ \t]+');
+    IF parts[1] LIKE 'P%' THEN
+        -- ISO 8601, each part a plain number (no sign), at least one second in all.
+        IF cardinality(parts) <> 1 OR parts[1] !~
+           '^P([0-9]+Y)?([0-9]+M)?([0-9]+W)?([0-9]+D)?(T([0-9]+H)?([0-9]+M)?([0-9]+(\.[0-9]+)?S)?)?$'
+           OR parts[1] IN ('P', 'PT') OR right(parts[1], 1) = 'T' THEN
+            RETURN 'not an ISO 8601 interval such as PT30S or P1DT12H';
+        END IF;
+        BEGIN
+            IF parts[1]::interval < interval '1 second' THEN
+                RETURN 'an interval of at least one second';
+            END IF;
+        EXCEPTION WHEN others THEN
+            RETURN 'not an interval: ' || SQLERRM;
+        END;
+        RETURN NULL;
+    END IF;
+    IF cardinality(parts) = 5 THEN
+        parts := ARRAY['0'] || parts;
+    END IF;
+    IF cardinality(parts) <> 6 THEN
+        RETURN 'a cron expression has five fields, or six with seconds first';
+    END IF;
+    FOR i IN 0..5 LOOP
+        IF "queue_message_repeat_field"(i, parts[i + 1]) IS NULL THEN
+            RETURN 'bad ' || names[i + 1] || ': ' || parts[i + 1];
+        END IF;
+    END LOOP;
+    -- Day of month and day of week must both match when either starts with a star: a day that
+    -- no month of the expression has can then never come.
+    days := "queue_message_repeat_field"(3, parts[4]);
+    months := "queue_message_repeat_field"(4, parts[5]);
+    IF (left(parts[4], 1) = '*' OR left(parts[6], 1) = '*')
+       AND (SELECT min(d) FROM unnest(days) AS d) > 29
+       AND (SELECT min(d) FROM unnest(days) AS d) > (
+           SELECT max((ARRAY[31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[m])
+           FROM unnest(months) AS m) THEN
+        RETURN 'bad day of month: no month of the expression has it';
+    END IF;
+    RETURN NULL;
+END
+$_$;
+
+CREATE FUNCTION public.queue_message_repeat_valid(p_repeat text) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $$
+DECLARE
+    problem text := "queue_message_repeat_problem"(p_repeat);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'repeat %: %', quote_literal(left(p_repeat, 200)), problem
+            USING ERRCODE = 'check_violation',
+                  HINT = 'an ISO 8601 interval (PT30S) or a cron expression in UTC '
+                         '(*/5 * * * *); docs/recurring.md';
+    END IF;
+    RETURN true;
 END
 $$;
 
@@ -389,12 +560,12 @@ WITH picked AS (
 ), moved AS (
     DELETE FROM "queue_message_dead" AS d USING picked AS p WHERE d.dead_id = p.dead_id
     RETURNING d.id, d.seq, d.exchange, d.routing_key, d.content, d.options, d.created_at,
-              d.reason, d.ordering_key
+              d.reason, d.ordering_key, d.repeat
 )
 INSERT INTO "queue_message" (id, exchange, routing_key, content, options, created_at, available_at,
-                     attempts, last_error, ordering_key)
+                     attempts, last_error, ordering_key, repeat)
 SELECT id, exchange, COALESCE(routing_key, ''), content, options, created_at, now(), 0,
-       'replayed from dead letters; was: ' || reason, ordering_key
+       'replayed from dead letters; was: ' || reason, ordering_key, repeat
 FROM moved
 ORDER BY seq
 RETURNING id::text
@@ -413,7 +584,10 @@ CREATE TABLE public.queue_message (
     last_error text,
     ordering_key text,
     xact xid8 DEFAULT pg_current_xact_id() NOT NULL,
-    fairness_key text
+    fairness_key text,
+    repeat text,
+    CONSTRAINT queue_message_repeat_unkeyed CHECK (((repeat IS NULL) OR (ordering_key IS NULL))),
+    CONSTRAINT queue_message_repeat_valid CHECK (((repeat IS NULL) OR public.queue_message_repeat_valid(repeat)))
 )
 WITH (autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0.0', autovacuum_vacuum_insert_threshold='20000', autovacuum_analyze_scale_factor='0.0', autovacuum_analyze_threshold='10000', autovacuum_vacuum_cost_delay='0');
 
@@ -446,7 +620,8 @@ CREATE TABLE public.queue_message_dead (
     ordering_key text,
     reason text NOT NULL,
     dead_at timestamp with time zone DEFAULT now() NOT NULL,
-    dead_id bigint NOT NULL
+    dead_id bigint NOT NULL,
+    repeat text
 );
 
 ALTER TABLE public.queue_message_dead ALTER COLUMN dead_id ADD GENERATED ALWAYS AS IDENTITY (

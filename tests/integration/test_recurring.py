@@ -54,6 +54,24 @@ async def arrivals_within(consumer: Consumer, seconds: float) -> int:
     return len(consumer.ids) - seen
 
 
+async def test_recurring__an_interval_in_lower_case_with_blanks_is_rescheduled(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """The table accepts ' pt1s ' (it reads the value in upper case, blanks trimmed); the
+    settle cast it as written, failed, and rolled the batch back: published again at once,
+    for ever. Found by tests/property/test_recurring_property.py."""
+    [row_id] = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{}],
+                                 repeat=" pt1s ")
+    start_relay(poll_interval_s=0.2)
+    await wait_until(lambda: len(consumer.ids) >= 2, timeout_s=10, what="two occurrences")
+    await asyncio.sleep(1.5)
+    assert 2 <= len(consumer.ids) <= 4, f"{len(consumer.ids)} occurrences in about 3 s"
+    row = await pg_fetchrow(env.pg_dsn, "SELECT attempts FROM queue_message WHERE id = $1",
+                            row_id)
+    assert row is not None
+    assert row["attempts"] == 0
+
+
 @pytest.mark.parametrize(("repeat", "says"), [
     ("61 * * * *", "bad minute: 61"),
     ("0 0 31 2 *", "bad day of month"),

@@ -38,10 +38,11 @@ def fresh_ids(n: int) -> list[str]:
 
 
 def insert_statement(table: str = "queue_message", *, ids: bool = False,
-                     ordering_keys: bool = False) -> str:
+                     ordering_keys: bool = False, repeat: bool = False) -> str:
     """The INSERT of `insert_rows` (for tests that run it on a connection of their own): $1
     exchange, $2 routing key, $3 bodies (text[]), $4 options, $5 fairness key, $6 delay in
-    seconds, then $7 ids (uuid[]) and $8 ordering keys (text[]) where asked for."""
+    seconds, then $7 ids (uuid[]), $8 ordering keys (text[]) and $9 repeat where asked for
+    (numbered in that order among those present)."""
     columns = ["c"]
     arrays = ["$3::text[]"]
     if ids:
@@ -50,11 +51,13 @@ def insert_statement(table: str = "queue_message", *, ids: bool = False,
     if ordering_keys:
         columns.append("k")
         arrays.append(f"${8 if ids else 7}::text[]")
+    repeat_arg = f", ${7 + ids + ordering_keys}::text" if repeat else ""
     return (
         f"INSERT INTO {table} (exchange, routing_key, content, options, fairness_key, "
-        f"available_at{', id' if ids else ''}{', ordering_key' if ordering_keys else ''}) "
+        f"available_at{', id' if ids else ''}{', ordering_key' if ordering_keys else ''}"
+        f"{', repeat' if repeat else ''}) "
         "SELECT $1, $2, c::jsonb, $4::jsonb, $5, now() + make_interval(secs => $6)"
-        f"{', i' if ids else ''}{', k' if ordering_keys else ''} "
+        f"{', i' if ids else ''}{', k' if ordering_keys else ''}{repeat_arg} "
         f"FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS t({', '.join(columns)}, n) "
         "ORDER BY n RETURNING id::text"
     )
@@ -71,6 +74,7 @@ async def insert_rows(
     options: dict[str, Any] | None = None,
     fairness_key: str | None = None,
     delay_s: float = 0.0,
+    repeat: str | None = None,
     table: str = "queue_message",
 ) -> list[str]:
     """Insert one row per body (JSON-encoded) in one statement, in order (their seq follows the
@@ -87,7 +91,10 @@ async def insert_rows(
         args.append(list(ids))
     if keys is not None:
         args.append(list(keys))
-    sql = insert_statement(table, ids=ids is not None, ordering_keys=keys is not None)
+    if repeat is not None:
+        args.append(repeat)
+    sql = insert_statement(table, ids=ids is not None, ordering_keys=keys is not None,
+                           repeat=repeat is not None)
     if not isinstance(dsn, str):
         return [r[0] for r in await dsn.fetch(sql, *args)]
     conn = await asyncpg.connect(dsn)

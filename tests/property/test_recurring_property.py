@@ -85,6 +85,8 @@ _intervals = st.one_of(
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(values=st.lists(_intervals, min_size=1, max_size=10))
+@example(values=["pt30s", " PT1S\t"])  # lower case and blanks: the table took them, a bare
+# ::interval did not (the settle failed and the batch rolled back, again and again)
 def test_repeat__an_interval_is_accepted_when_it_is_iso_8601_and_at_least_a_second(
     db: str, values: list[str]
 ) -> None:
@@ -94,8 +96,10 @@ def test_repeat__an_interval_is_accepted_when_it_is_iso_8601_and_at_least_a_seco
             out = []
             for v in values:
                 problem = await conn.fetchval(f"SELECT {PROBLEM_FN}($1)", v)
+                # As the settle reads it (sql/queries.sql reschedule_repeating).
                 secs = None if problem else await conn.fetchval(
-                    "SELECT EXTRACT(EPOCH FROM $1::text::interval)::float8", v)
+                    "SELECT EXTRACT(EPOCH FROM upper(btrim($1::text, E' \\t'))::interval)"
+                    "::float8", v)
                 out.append((problem, secs))
             return out
         finally:
