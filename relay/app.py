@@ -21,7 +21,7 @@ from relay.amqp.pipeline import AmqpPublisher, BulkPublisher, Pipeline
 from relay.deadlines import Deadlines
 from relay.dsn import redact
 from relay.errors import BrokerRefusedAtStart, ConfigError, DatabaseUnavailable
-from relay.interfaces import EXPRESS_IN_FLIGHT, ClaimOptions
+from relay.interfaces import EXPRESS_IN_FLIGHT, ClaimOptions, OnSuccess
 from relay.lifecycle import Services
 from relay.loop.express import ExpressLane
 from relay.loop.leader import Leadership, run_when_leader
@@ -33,6 +33,7 @@ from relay.ops.http import Health, HttpServer
 from relay.ops.metrics import BacklogPoller, RelayMetrics
 from relay.ops.statuspage import StatusPage
 from relay.ops.stuck import waiting_tasks
+from relay.pg.archive import PartitionKeeper
 from relay.pg.config import DatabaseConfig
 from relay.pg.connection import connect
 from relay.pg.leaderlock import LeaderLock
@@ -253,6 +254,8 @@ async def _serve(settings: Settings, db: DatabaseConfig, supervisors: Supervisor
                     doorbell=doorbell, db_supervisor=supervisors.get("database"),
                     tracing=tracing, express=express[0] if express is not None else None)
     listener = services.start(make_listener(db, supervisors, doorbell.ring))
+    if settings.on_success is OnSuccess.ARCHIVE:
+        services.start(PartitionKeeper(outbox.partitions_ahead))
     log.info(
         "relay_started",
         table=settings.table,

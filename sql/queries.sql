@@ -447,7 +447,7 @@ WITH moved AS (
 INSERT INTO {archive} (id, seq, exchange, routing_key, content, options, created_at,
                        available_at, attempts, last_error, ordering_key)
 SELECT * FROM moved
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT DO NOTHING
 
 -- name: reschedule_repeating
 -- Published recurring rows stay: each is due again at its next time ($2: the cron rows' times,
@@ -475,7 +475,7 @@ WITH occurrences AS (
            t.attempts, t.last_error, t.ordering_key
     FROM {table} AS t
     WHERE t.id = ANY($1::uuid[]) AND t.repeat IS NOT NULL
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT DO NOTHING
 )
 UPDATE {table} AS t
 -- (an interval as the table's CHECK reads it: upper case, blanks trimmed)
@@ -702,12 +702,102 @@ LIMIT $4
 DELETE FROM {dead} WHERE dead_id = ANY($1::bigint[])
 
 -- name: archive_prune
--- Bounded batches keep each transaction (and the WAL and locks it holds) small.
+-- An archive that is not partitioned: bounded batches keep each transaction (and the WAL and
+-- locks it holds) small.
 DELETE FROM {archive}
 WHERE id IN (SELECT id FROM {archive}
              WHERE published_at < now() - make_interval(secs => $1)
              ORDER BY published_at
              LIMIT $2)
+
+-- name: archive_prune_default
+-- A partitioned archive: its DEFAULT partition's old rows (those of days that had no partition
+-- yet), in bounded batches as archive_prune.
+DELETE FROM {archive_default}
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM {archive_default}
+                       WHERE published_at < now() - make_interval(secs => $1)
+                       ORDER BY published_at
+                       LIMIT $2))
+
+-- name: archive_drop_partitions
+-- A partitioned archive: the partitions whose rows were all published more than $1 seconds ago
+-- (sql/migrations/0016), dropped whole; their names, oldest first. Nothing on an archive that is
+-- not partitioned.
+SELECT p FROM {archive_drop_fn}(now() - make_interval(secs => $1)) AS p
+
+-- name: archive_partitions_ahead
+-- The archive's daily partitions from today through $1 days ahead, those missing (0016).
+SELECT {archive_partitions_fn}($1::integer)
+
+-- name: archive_is_partitioned
+SELECT relkind = 'p' FROM pg_class WHERE oid = {archive_literal}::regclass
+
+-- name: archive_partition_list
+-- `relay status`: the archive's partitions, oldest first: name, bounds, size, rows (the
+-- planner's estimate: counting would read them all).
+SELECT c.relname AS name, pg_get_expr(c.relpartbound, c.oid) AS bounds,
+       pg_total_relation_size(c.oid) AS bytes, GREATEST(c.reltuples, 0)::bigint AS rows
+FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+WHERE i.inhparent = {archive_literal}::regclass
+ORDER BY c.relname = {archive_name_literal} || '_default', c.relname
+
+-- name: archive_partition
+-- `relay migrate --partition-archive` (docs/operations.md, "Retention"): the archive becomes
+-- range-partitioned on published_at, one partition per UTC day. The archive as it was is kept,
+-- rows, indexes and grants, as the first partition `<table>_archive_legacy`, for everything
+-- published before tomorrow (UTC); retention drops it whole once its newest row is older than
+-- the age given. A DEFAULT partition catches rows of a day without a partition. The key
+-- becomes (id, published_at). Attaching reads the old archive once (to check its rows fit) and
+-- indexes it on the key: the relay's archiving waits meanwhile (the rows stay in the outbox).
+-- Does nothing on an archive that is already partitioned.
+DO $$
+DECLARE
+    rel regclass := {archive_literal}::regclass;
+    nsp text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.oid = {archive_literal}::regclass);
+    parent text := {archive_name_literal};
+    legacy text := {archive_name_literal} || '_legacy';
+    tomorrow timestamptz := date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                            + interval '1 day';
+    g record;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = rel) = 'p' THEN
+        RETURN;
+    END IF;
+    EXECUTE format('ALTER TABLE %s RENAME TO %I', rel, legacy);
+    EXECUTE format('CREATE TABLE %I.%I (LIKE %I.%I INCLUDING DEFAULTS) '
+                   'PARTITION BY RANGE (published_at)', nsp, parent, nsp, legacy);
+    EXECUTE format('ALTER TABLE %I.%I ADD CONSTRAINT %I PRIMARY KEY (id, published_at)',
+                   nsp, parent, parent || '_key');
+    EXECUTE format('CREATE INDEX %I ON %I.%I (published_at)', parent || '_published_idx', nsp,
+                   parent);
+    -- The old key on id alone goes: the partition's part of the new key replaces it.
+    EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT %I', nsp, legacy, parent || '_pkey');
+    EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (MINVALUE) TO (%L)',
+                   nsp, parent, nsp, legacy, tomorrow);
+    EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.%I DEFAULT', nsp, parent || '_default',
+                   nsp, parent);
+    -- The grants the archive had (the relay's, the Spark writer's), table and columns; the
+    -- table's also on the DEFAULT partition, whose old rows `relay prune` deletes directly.
+    FOR g IN SELECT a.privilege_type AS priv,
+                    CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+                        AS grantee
+             FROM pg_class AS c, aclexplode(c.relacl) AS a
+             WHERE c.oid = format('%I.%I', nsp, legacy)::regclass
+               AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON %I.%I TO %s', g.priv, nsp, parent, g.grantee);
+        EXECUTE format('GRANT %s ON %I.%I TO %s', g.priv, nsp, parent || '_default',
+                       g.grantee);
+    END LOOP;
+    FOR g IN SELECT t.attname AS col, a.privilege_type AS priv,
+                    CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+                        AS grantee
+             FROM pg_attribute AS t, aclexplode(t.attacl) AS a
+             WHERE t.attrelid = format('%I.%I', nsp, legacy)::regclass
+               AND t.attacl IS NOT NULL LOOP
+        EXECUTE format('GRANT %s (%I) ON %I.%I TO %s', g.priv, g.col, nsp, parent, g.grantee);
+    END LOOP;
+END $$
 
 -- ============================================================ spark
 -- Run by relay.spark (psycopg, on the Spark driver and, in copy mode, on executors). Besides

@@ -51,8 +51,19 @@ GRANT UPDATE (attempts, last_error, available_at) ON {table} TO {relay_role};
 REVOKE INSERT, UPDATE ON {dead} FROM {relay_role};
 GRANT SELECT, DELETE ON {dead} TO {relay_role};
 GRANT SELECT, INSERT, DELETE ON {archive} TO {relay_role};
+-- A partitioned archive's DEFAULT partition: `relay prune` deletes its old rows directly.
+DO $$
+BEGIN
+    IF to_regclass({archive_default_literal}) IS NOT NULL THEN
+        EXECUTE 'GRANT SELECT, DELETE ON {archive_default} TO {relay_role}';
+    END IF;
+END $$;
 GRANT EXECUTE ON FUNCTION {replay_fn}(uuid[]) TO {relay_role};
 GRANT EXECUTE ON FUNCTION {dead_letter_fn}(uuid[], text[], boolean[]) TO {relay_role};
+-- The archive's partitions (sql/migrations/0016): made ahead by an archiving relay, dropped by
+-- `relay prune`, through definer functions (the relay role has no DDL).
+GRANT EXECUTE ON FUNCTION {archive_partitions_fn}(integer) TO {relay_role};
+GRANT EXECUTE ON FUNCTION {archive_drop_fn}(timestamptz) TO {relay_role};
 -- `relay run` refuses a schema older than it needs: it reads which migrations are applied.
 GRANT SELECT ON {migrations} TO {relay_role};
 

@@ -6,6 +6,66 @@
 
 CREATE SCHEMA queue_message_stage;
 
+CREATE FUNCTION public.queue_message_archive_drop(p_before timestamp with time zone) RETURNS SETOF text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    part record;
+BEGIN
+    FOR part IN
+        SELECT b.rel, b.relname FROM (
+            SELECT c.oid::regclass AS rel, c.relname,
+                   substring(pg_get_expr(c.relpartbound, c.oid) FROM ' TO \(''([^'']+)''\)')
+                       ::timestamptz AS upper_bound
+            FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+            WHERE i.inhparent = '"queue_message_archive"'::regclass) AS b
+        WHERE b.upper_bound <= p_before
+        ORDER BY b.upper_bound
+    LOOP
+        EXECUTE format('DROP TABLE %s', part.rel);
+        RETURN NEXT part.relname;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.queue_message_archive_partitions(p_days_ahead integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    nsp text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.oid = '"queue_message_archive"'::regclass);
+    today timestamptz := date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+    made integer := 0;
+    day timestamptz;
+    part text;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = '"queue_message_archive"'::regclass) <> 'p' THEN
+        RETURN 0;
+    END IF;
+    FOR i IN 0..LEAST(GREATEST(p_days_ahead, 0), 366) LOOP
+        day := today + make_interval(days => i);
+        part := 'queue_message_archive' || '_p' || to_char(day AT TIME ZONE 'UTC', 'YYYYMMDD');
+        IF to_regclass(format('%I.%I', nsp, part)) IS NOT NULL THEN
+            CONTINUE;
+        END IF;
+        BEGIN
+            EXECUTE format('CREATE TABLE %I.%I PARTITION OF %s FOR VALUES FROM (%L) TO (%L)',
+                           nsp, part, '"queue_message_archive"', day, day + interval '1 day');
+            made := made + 1;
+        EXCEPTION
+            -- covered by the legacy partition, rows of that day in DEFAULT, or another relay
+            -- made it a moment ago
+            WHEN invalid_object_definition OR check_violation OR duplicate_table
+                 OR unique_violation THEN
+                NULL;
+        END;
+    END LOOP;
+    RETURN made;
+END
+$$;
+
 CREATE FUNCTION public.queue_message_claim_fair(p_rows integer, p_floor bigint, p_after xid8 DEFAULT NULL::xid8, p_upto xid8 DEFAULT NULL::xid8) RETURNS SETOF bigint
     LANGUAGE sql
     AS $$

@@ -166,8 +166,16 @@ def make_prune_command(with_dead_letters: WithDeadLetters) -> Callable[..., int]
         older = parse_duration_s(args.older_than)
 
         async def work(dl: DeadLetters) -> int:
-            n = await dl.prune_archive(older_than_s=older, batch_rows=args.batch_rows)
-            print(f"pruned {n} archived row(s) published more than {args.older_than} ago")
+            done = await dl.prune_archive(older_than_s=older, batch_rows=args.batch_rows)
+            if done.partitioned:
+                print(f"dropped {len(done.partitions)} archive partition(s) holding only rows "
+                      f"published more than {args.older_than} ago"
+                      + (f": {', '.join(done.partitions)}" if done.partitions else "")
+                      + "; a partition only partly that old waits for its turn")
+                print(f"pruned {done.rows_deleted} archived row(s) of the default partition")
+            else:
+                print(f"pruned {done.rows_deleted} archived row(s) published more than "
+                      f"{args.older_than} ago")
             return EXIT_OK
 
         return with_dead_letters(settings, work)

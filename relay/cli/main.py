@@ -125,7 +125,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                           f"{args.spark_role}")
                 return EXIT_PENDING if args.check and not todo.up_to_date else EXIT_OK
             applied = await migrate(conn, db.names, requested,
-                                    lock_wait_s=args.lock_wait_s)
+                                    lock_wait_s=args.lock_wait_s,
+                                    partition_archive=args.partition_archive)
             if args.roles:
                 from relay.pg.roles import apply_roles
 
@@ -135,6 +136,9 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
               + (", ".join(applied) if applied else "already up to date")
               + f" (notify trigger: {todo.notify.value}"
               + (")" if todo.notify_changes or todo.installed_notify is None else ", kept)"))
+        if args.partition_archive:
+            print(f"archive: {settings.table}_archive partitioned by day (published_at, UTC); "
+                  "`relay status` lists its partitions")
         if args.roles:
             print(f"roles: {args.producer_role} (INSERT of the producer columns only), "
                   f"{args.relay_role} (relay), {args.spark_role} (Spark jobs, docs/spark.md)")
@@ -274,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "held up longer) for at most this long (default 300)")
     mig.add_argument("--dry-run", action="store_true",
                      help="change nothing; print what would be applied")
+    mig.add_argument("--partition-archive", action="store_true",
+                     help="partition the archive by day (published_at, UTC), so that "
+                          "`relay prune` drops whole days; the archive as it is becomes the "
+                          "first partition, rows kept. Run it once every relay of the table "
+                          "runs this version")
     mig.add_argument("--roles", action="store_true",
                      help="also create/grant the least-privilege roles of sql/roles.sql")
     mig.add_argument("--producer-role", default="outbox_producer", metavar="NAME",

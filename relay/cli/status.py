@@ -54,6 +54,12 @@ def lines(doc: dict[str, Any]) -> list[str]:
         ("dead letters", f"{doc['dead']:,}"),
     ]
     rows += [(f"  {reason}", f"{n:,}") for reason, n in doc["dead_by_reason"].items()]
+    parts = doc.get("archive_partitions") or []
+    if parts:
+        rows.append(("archive partitions", f"{len(parts)}, "
+                     f"{sum(p['bytes'] for p in parts) / 2**20:,.1f} MiB"))
+        rows += [(f"  {p['name']}", f"{p['bytes'] / 2**20:,.1f} MiB, ~{p['rows']:,} rows, "
+                  f"{p['bounds']}") for p in parts]
     rows += [("dead tuples", doc["dead_tuples"]),
              ("last vacuum", human_s(doc["last_vacuum_age_s"]) + " ago")]
     width = max(len(k) for k, _ in rows)

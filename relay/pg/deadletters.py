@@ -164,14 +164,32 @@ class DeadLetters:
                 progress(total, len(keys))
         return total
 
-    async def prune_archive(self, *, older_than_s: float, batch_rows: int = 10_000) -> int:
-        """Delete archived rows published more than `older_than_s` ago, in bounded batches."""
-        total = 0
+    async def prune_archive(self, *, older_than_s: float, batch_rows: int = 10_000,
+                            ) -> ArchivePruned:
+        """Archived rows published more than `older_than_s` ago, gone: a partitioned archive
+        drops its partitions that hold only such rows (a partition only partly old waits for
+        its turn) and deletes its DEFAULT partition's old rows in bounded batches; one that is
+        not partitioned deletes its old rows in bounded batches."""
+        partitioned = bool((await self._fetch("archive_is_partitioned"))[0][0])
+        dropped = []
+        if partitioned:
+            dropped = [r[0] for r in await self._fetch("archive_drop_partitions", older_than_s)]
+        name = "archive_prune_default" if partitioned else "archive_prune"
+        deleted = 0
         while True:
-            n = await self._execute("archive_prune", older_than_s, batch_rows)
-            total += n
+            n = await self._execute(name, older_than_s, batch_rows)
+            deleted += n
             if n < batch_rows:
-                return total
+                return ArchivePruned(dropped, deleted, partitioned)
+
+
+@dataclass(frozen=True)
+class ArchivePruned:
+    """What `relay prune` did: partitions dropped whole, rows deleted one by one."""
+
+    partitions: list[str]
+    rows_deleted: int
+    partitioned: bool
 
 
 @contextlib.asynccontextmanager

@@ -74,6 +74,16 @@ class TableNames:
             "dead_letter_fn": self._q("_park"),
             "dead_letter_fn_literal": "'" + self._q("_park").replace("'", "''") + "'",
             "repeat_field_fn": self._q("_repeat_field"),
+            "archive_partitions_fn": self._q("_archive_partitions"),
+            "archive_partitions_fn_literal": (
+                "'" + self._q("_archive_partitions").replace("'", "''") + "'"),
+            "archive_drop_fn": self._q("_archive_drop"),
+            "archive_drop_fn_literal": "'" + self._q("_archive_drop").replace("'", "''") + "'",
+            "archive_literal": "'" + self._q("_archive").replace("'", "''") + "'",
+            "archive_name_literal": "'" + (self.name + "_archive").replace("'", "''") + "'",
+            "archive_default": self._q("_archive_default"),
+            "archive_default_literal": (
+                "'" + self._q("_archive_default").replace("'", "''") + "'"),
             "repeat_valid_fn": self._q("_repeat_valid"),
             "repeat_problem_fn": self._q("_repeat_problem"),
             "repeat_valid_fn_literal": "'" + self._q("_repeat_valid").replace("'", "''") + "'",

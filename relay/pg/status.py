@@ -75,10 +75,15 @@ class StatusReader:
             reasons = await conn.fetch(q["dead_by_reason"])
             relays = await conn.fetchval(q["relay_sessions"])
             notify = await conn.fetchval(q["notify_mode"])
+            parts = await conn.fetch(q["archive_partition_list"])
         figures.update(dict(traffic) if traffic else {"inserted_total": 0, "removed_total": 0})
         by_reason = {r["reason"]: int(r["n"]) for r in reasons}
         figures["relays"] = int(relays)
         figures["notify_mode"] = notify
+        # A partitioned archive's partitions, oldest first (none when it is not partitioned).
+        figures["archive_partitions"] = [
+            {"name": p["name"], "bounds": p["bounds"].removeprefix("FOR VALUES "),
+             "bytes": int(p["bytes"]), "rows": int(p["rows"])} for p in parts]
         return Sample(time.monotonic(), figures, by_reason)
 
 

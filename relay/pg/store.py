@@ -17,6 +17,7 @@ import asyncpg
 
 from relay.errors import SchemaError
 from relay.interfaces import ClaimOptions, OnSuccess, OutboxRow, Reason, Settlement
+from relay.pg.archive import partitions_ahead
 from relay.pg.config import DatabaseConfig
 from relay.pg.connection import (
     DB_ERRORS,
@@ -456,6 +457,11 @@ class Outbox:
         except DB_ERRORS:
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.terminate()
+
+    async def partitions_ahead(self) -> int:
+        """A partitioned archive's missing partitions for the coming days, made now; how
+        many (relay/pg/archive.py)."""
+        return await partitions_ahead(self._pool, self.q)
 
     async def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest delayed row becomes due; None when no row waits."""

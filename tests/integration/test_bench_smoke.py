@@ -61,3 +61,22 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
                     "## Live rows beside a bulk job"):
         assert section in markdown
     assert f"notify mode: **{default.value}**" in markdown
+
+
+def test_bench_prune__both_archives_pruned_to_the_same_rows_and_reported(tmp_path: Path) -> None:
+    out = tmp_path / "prune.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--scenario", "prune", "--", "--rows", "3000",
+         "--quiet-below", "100", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = out.read_text()
+    rows = [line.split("|")[1:-1] for line in text.splitlines()
+            if line.startswith(("| not partitioned", "| partitioned by day"))]
+    assert [r[0].strip() for r in rows] == ["not partitioned", "partitioned by day"]
+    left = {r[0].strip(): int(r[3].replace(",", "")) for r in rows}
+    # Rows of the last 7 days stay; the partitioned archive also keeps its partly old day.
+    assert 0 < left["not partitioned"] <= left["partitioned by day"] < 3000
+    assert "load average before the run" in text
+    assert "dropped 7 archive partition(s)" in text
