@@ -36,6 +36,7 @@ class Consumer:
     ids: list[str] = field(default_factory=list)  # message_id of every receipt, in order
     redelivered: list[str] = field(default_factory=list)  # ids the broker flagged redelivered
     arrivals: dict[str, float] = field(default_factory=dict)  # first receipt, monotonic
+    times: list[float] = field(default_factory=list)  # every receipt, monotonic, in order
     _conn: Any = None
 
     async def start(self) -> Consumer:
@@ -56,7 +57,9 @@ class Consumer:
         self.ids.append(mid)
         if message.redelivered:
             self.redelivered.append(mid)
-        self.arrivals.setdefault(mid, time.monotonic())
+        now = time.monotonic()
+        self.times.append(now)
+        self.arrivals.setdefault(mid, now)
         if self.manual_ack:
             with contextlib.suppress(Exception):
                 await message.ack()
