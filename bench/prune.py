@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,10 +21,17 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import BenchEnv, OneOff, create_env, drop_env, one_off, wait_quiet
+from bench.common import (
+    RELAY_BIN,
+    BenchEnv,
+    OneOff,
+    create_env,
+    drop_env,
+    one_off,
+    wait_quiet,
+)
 from bench.server import run_on_private_server
 
-RELAY_BIN = str(Path(sys.executable).with_name("relay"))
 ARCHIVE = "queue_message_archive"
 DAYS = 14
 

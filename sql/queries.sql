@@ -452,6 +452,19 @@ ON CONFLICT DO NOTHING
 -- name: reschedule_repeating
 -- Published recurring rows stay: each is due again at its next time ($2: the cron rows' times,
 -- computed by relay/schedule.py; NULL for an interval, counted from now here), attempts reset.
+-- $3 (archiving): each occurrence is archived first, under an id of its own (the row's id and
+-- the time it was due, hashed), its seq the row's, so `WHERE seq = ...` finds every occurrence
+-- of a row in the archive.
+WITH occurrences AS (
+    INSERT INTO {archive} (id, seq, exchange, routing_key, content, options, created_at,
+                           available_at, attempts, last_error, ordering_key)
+    SELECT md5(t.id::text || '@' || EXTRACT(EPOCH FROM t.available_at)::text)::uuid, t.seq,
+           t.exchange, t.routing_key, t.content, t.options, t.created_at, t.available_at,
+           t.attempts, t.last_error, t.ordering_key
+    FROM {table} AS t
+    WHERE $3::boolean AND t.id = ANY($1::uuid[]) AND t.repeat IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
 UPDATE {table} AS t
 -- (an interval as the table's CHECK reads it: upper case, blanks trimmed)
 SET available_at = COALESCE(f.next_at, now() + upper(btrim(t.repeat, E' \t'))::interval),
@@ -462,27 +475,6 @@ WHERE t.id = f.id AND t.repeat IS NOT NULL
 -- name: database_time
 -- When a recurring row's next cron time is computed from: the server's clock at the settle.
 SELECT clock_timestamp()
-
--- name: archive_repeating
--- As reschedule_repeating, with each occurrence archived first: under an id of its own (the
--- row's id and the time it was due, hashed), its seq the row's, so `WHERE seq = ...` finds
--- every occurrence of a row in the archive.
-WITH occurrences AS (
-    INSERT INTO {archive} (id, seq, exchange, routing_key, content, options, created_at,
-                           available_at, attempts, last_error, ordering_key)
-    SELECT md5(t.id::text || '@' || EXTRACT(EPOCH FROM t.available_at)::text)::uuid, t.seq,
-           t.exchange, t.routing_key, t.content, t.options, t.created_at, t.available_at,
-           t.attempts, t.last_error, t.ordering_key
-    FROM {table} AS t
-    WHERE t.id = ANY($1::uuid[]) AND t.repeat IS NOT NULL
-    ON CONFLICT DO NOTHING
-)
-UPDATE {table} AS t
--- (an interval as the table's CHECK reads it: upper case, blanks trimmed)
-SET available_at = COALESCE(f.next_at, now() + upper(btrim(t.repeat, E' \t'))::interval),
-    attempts = 0, last_error = NULL
-FROM unnest($1::uuid[], $2::timestamptz[]) AS f(id, next_at)
-WHERE t.id = f.id AND t.repeat IS NOT NULL
 
 -- name: reschedule_failed
 -- $4: whether the row's attempt counts (false: its destination stopped confirming, which is

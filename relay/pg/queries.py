@@ -38,6 +38,11 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def quote_literal(text: str) -> str:
+    """Quote one SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 @dataclass(frozen=True)
 class TableNames:
     """Quoted names of the relay's tables and objects for one outbox table."""
@@ -70,45 +75,43 @@ class TableNames:
             "claim_fair_fn": self._q("_claim_fair"),
             "claim_keys_fn": self._q("_claim_keys"),
             "replay_fn": self._q("_replay"),
-            "replay_fn_literal": "'" + self._q("_replay").replace("'", "''") + "'",
+            "replay_fn_literal": quote_literal(self._q("_replay")),
             "dead_letter_fn": self._q("_park"),
-            "dead_letter_fn_literal": "'" + self._q("_park").replace("'", "''") + "'",
+            "dead_letter_fn_literal": quote_literal(self._q("_park")),
             "repeat_field_fn": self._q("_repeat_field"),
             "archive_partitions_fn": self._q("_archive_partitions"),
-            "archive_partitions_fn_literal": (
-                "'" + self._q("_archive_partitions").replace("'", "''") + "'"),
+            "archive_partitions_fn_literal": quote_literal(self._q("_archive_partitions")),
             "archive_drop_fn": self._q("_archive_drop"),
-            "archive_drop_fn_literal": "'" + self._q("_archive_drop").replace("'", "''") + "'",
-            "archive_literal": "'" + self._q("_archive").replace("'", "''") + "'",
-            "archive_name_literal": "'" + (self.name + "_archive").replace("'", "''") + "'",
+            "archive_drop_fn_literal": quote_literal(self._q("_archive_drop")),
+            "archive_literal": quote_literal(self._q("_archive")),
+            "archive_name_literal": quote_literal(self.name + "_archive"),
             "archive_default": self._q("_archive_default"),
-            "archive_default_literal": (
-                "'" + self._q("_archive_default").replace("'", "''") + "'"),
+            "archive_default_literal": quote_literal(self._q("_archive_default")),
             "repeat_valid_fn": self._q("_repeat_valid"),
             "repeat_problem_fn": self._q("_repeat_problem"),
-            "repeat_valid_fn_literal": "'" + self._q("_repeat_valid").replace("'", "''") + "'",
-            "dead_literal": "'" + self._q("_dead").replace("'", "''") + "'",
+            "repeat_valid_fn_literal": quote_literal(self._q("_repeat_valid")),
+            "dead_literal": quote_literal(self._q("_dead")),
             # Spark's staging tables: a schema of their own (sql/migrations/0010).
             "stage_schema": quote_ident(self.name + "_stage"),
-            "stage_schema_literal": "'" + (self.name + "_stage").replace("'", "''") + "'",
+            "stage_schema_literal": quote_literal(self.name + "_stage"),
             "migrations": (
                 f"{quote_ident(self.schema)}.relay_migrations"
                 if self.schema
                 else "relay_migrations"
             ),
             "schema": quote_ident(self.schema) if self.schema else "public",
-            "table_literal": "'" + self._q().replace("'", "''") + "'",
+            "table_literal": quote_literal(self._q()),
             "name": self.name,
             "channel": self.channel,
             "channel_literal": "'" + self.channel + "'",
-            "dead_channel_literal": "'" + self.dead_channel.replace("'", "''") + "'",
+            "dead_channel_literal": quote_literal(self.dead_channel),
             # The table as a person writes it (schema.name, unquoted), for messages.
-            "table_name_literal": "'" + (f"{self.schema}.{self.name}" if self.schema
-                                         else self.name).replace("'", "''") + "'",
+            "table_name_literal": quote_literal(f"{self.schema}.{self.name}" if self.schema
+                                                else self.name),
             "wakeup_lock_class": str(WAKEUP_LOCK_CLASS),
             "leader_lock_class": str(LEADER_LOCK_CLASS),
             "fence_lock_class": str(FENCE_LOCK_CLASS),
-            "table_oid": "'" + self._q().replace("'", "''") + "'::regclass::oid::int",
+            "table_oid": quote_literal(self._q()) + "::regclass::oid::int",
         }
 
     def render(self, sql: str) -> str:

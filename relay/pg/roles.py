@@ -9,16 +9,12 @@ import asyncpg
 
 from relay.errors import ConfigError, DatabaseError
 from relay.pg.connection import DB_ERRORS
-from relay.pg.queries import TableNames, quote_ident, sql_dir
+from relay.pg.queries import TableNames, quote_ident, quote_literal, sql_dir
 
 DEFAULT_PRODUCER_ROLE = "outbox_producer"
 DEFAULT_RELAY_ROLE = "outbox_relay"
 DEFAULT_SPARK_ROLE = "outbox_spark_writer"
 _ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def roles_sql(
@@ -38,11 +34,11 @@ def roles_sql(
     extra = {
         "producer_role": quote_ident(producer_role),
         "relay_role": quote_ident(relay_role),
-        "producer_role_literal": _literal(producer_role),
-        "relay_role_literal": _literal(relay_role),
+        "producer_role_literal": quote_literal(producer_role),
+        "relay_role_literal": quote_literal(relay_role),
         "spark_role": quote_ident(spark_role),
-        "spark_role_literal": _literal(spark_role),
-        "relays_literal": _literal(relays),
+        "spark_role_literal": quote_literal(spark_role),
+        "relays_literal": quote_literal(relays),
     }
     return re.sub(r"\{(\w+)\}", lambda m: extra.get(m.group(1), m.group(0)), text)
 

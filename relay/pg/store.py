@@ -93,7 +93,7 @@ class _Claim:
         published = settlement.published
         repeating: list[tuple[str, datetime | None]] = []
         unschedulable: list[tuple[str, str, bool]] = []
-        if any(rid in schedules for rid in settlement.published):
+        if schedules and any(rid in schedules for rid in settlement.published):
             # The database's clock, not this host's: a relay whose clock is behind would
             # schedule a frequent row in the database's past, due again at once.
             with translated("reading the database's clock", self._conn):
@@ -112,9 +112,7 @@ class _Claim:
                 await self._conn.execute(self._q[name], published)
             if repeating:
                 ids, times = zip(*repeating, strict=True)
-                await self._conn.execute(
-                    self._q["archive_repeating" if archive else "reschedule_repeating"],
-                    ids, times)
+                await self._conn.execute(self._q["reschedule_repeating"], ids, times, archive)
             if settlement.retry:
                 ids, errors, delays, counted = zip(*settlement.retry, strict=True)
                 await self._conn.execute(self._q["reschedule_failed"], ids, errors, delays,
@@ -122,7 +120,6 @@ class _Claim:
             if dead:
                 ids, reasons, counted = zip(*dead, strict=True)
                 await self._conn.execute(self._q["dead_letter"], ids, reasons, counted)
-
 
 
 def split_recurring(published: list[str], schedules: Mapping[str, str], now: datetime,
@@ -441,8 +438,7 @@ class Outbox:
         name = ("archive_published" if self._on_success is OnSuccess.ARCHIVE
                 else "delete_published")
         await conn.execute(q[name], [])
-        await conn.execute(q["archive_repeating" if self._on_success is OnSuccess.ARCHIVE
-                             else "reschedule_repeating"], [], [])
+        await conn.execute(q["reschedule_repeating"], [], [], False)
         await conn.execute(q["database_time"])
         await conn.execute(q["reschedule_failed"], [], [], [], [])
         await conn.execute(q["dead_letter"], [], [], [])
