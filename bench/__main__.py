@@ -45,6 +45,7 @@ from bench.common import (
     drop_env,
     load_before,
     machine,
+    private_server,
     reset_env,
     set_mode,
     wait_quiet,
@@ -54,11 +55,9 @@ from bench.fairness import LIVE_RATE, bind_live_queue
 from bench.fairness import run_once as fairness_once
 from bench.latency import latency_once
 from bench.limits import aio_pika_limit, bulk_frame_limit, classic_relay, pg_claim_delete_limit
-from bench.producers import producer_rounds
+from bench.producers import producer_rounds, trigger_costs
 from bench.producers import ratios as ratios_to_off
 from bench.report import render_markdown, render_readme_block, replace_readme_block
-from bench.server import private_server
-from bench.triggers import trigger_costs
 from relay.settings import NotifyMode
 from tests.servers.otlp_receiver import OtlpReceiver
 
@@ -340,7 +339,7 @@ def _cost(drains: list[Figure]) -> list[Figure]:
 
 
 def _floor_summary(runs: list[Figure]) -> dict[str, Any]:
-    """The machine's latency floor over a scenario's runs (bench/floor.py), p50 of each probe."""
+    """The machine's latency floor over a scenario's runs (bench/latency.py), p50 of each probe."""
     floors = [r["floor"] for r in runs if r.get("floor")]
     if not floors:
         return {}

@@ -15,20 +15,22 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
+import uvloop
 
 from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
 from relay.settings import NotifyMode, Settings
+from tests.chaos.pgcluster import PrivateCluster, remove_stale
 
 PG_ADMIN_DSN = os.environ.get("RELAY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -50,9 +52,38 @@ BODY_SQL = (
 
 
 def use_server(admin_dsn: str) -> None:
-    """Run every later scenario on this PostgreSQL server (bench/server.py's private one)."""
+    """Run every later scenario on this PostgreSQL server (the private one below)."""
     global PG_ADMIN_DSN  # noqa: PLW0603 - one setting of the whole run, read at each use
     PG_ADMIN_DSN = admin_dsn
+
+
+# Where a benchmark's PostgreSQL runs. The shared server of this machine runs with
+# `autovacuum = off` (a setting of the machine's image, not of users' servers), so a backlog or
+# churn figure taken there measures a server no user runs: a run starts a cluster of its own
+# with `initdb` and every default (fsync, autovacuum, shared_buffers...) on a free port, and
+# removes it afterwards; a cluster an earlier, killed run left behind is removed at the start.
+PRIVATE_PREFIX = "relay-bench-pg-"
+T = TypeVar("T")
+
+
+@contextmanager
+def private_server() -> Iterator[str]:
+    """A running private cluster for this run; yields its admin DSN."""
+    for stale in remove_stale(PRIVATE_PREFIX):
+        print(f"removed a cluster an earlier run left: {stale}", flush=True)
+    cluster = PrivateCluster(prefix=PRIVATE_PREFIX, durable=True, max_connections=100).init()
+    try:
+        cluster.start()
+        yield cluster.dsn
+    finally:
+        cluster.destroy()
+
+
+def run_on_private_server(scenario: Callable[[], Awaitable[T]]) -> T:
+    """Run `scenario()` with every benchmark database on a private cluster of its own."""
+    with private_server() as dsn:
+        use_server(dsn)
+        return uvloop.run(scenario())  # type: ignore[arg-type]
 
 
 def with_database(dsn: str, database: str) -> str:

@@ -22,11 +22,17 @@ from typing import Any
 
 import uvloop
 
-from bench import floor
-from bench.common import DEFAULT_MODE, OneOff, builds, one_off, one_off_env, wait_quiet
+from bench.common import (
+    DEFAULT_MODE,
+    OneOff,
+    builds,
+    one_off,
+    one_off_env,
+    run_on_private_server,
+    wait_quiet,
+)
 from bench.drain import drain_once
-from bench.latency import latency_once
-from bench.server import run_on_private_server
+from bench.latency import brief_floor, latency_once
 
 
 async def compare(before_src: str, rates: list[tuple[int, int]], runs: int,
@@ -93,7 +99,7 @@ def latency_tables(records: list[dict[str, Any]], key: str, groups: tuple[str, .
             f"| {r[key]} | {r['rate']} | {r['connections']} | {r['run']} | "
             f"{r.get('p50_ms')} | {r.get('p95_ms')} | {r.get('p99_ms')} | "
             f"{r.get('achieved_per_s')} | {r.get('load_before')} | "
-            f"{floor.brief(r.get('floor'))} |")
+            f"{brief_floor(r.get('floor'))} |")
     lines += ["", "## Medians", "", f"| commits/s | {key} | p50 ms | p99 ms |",
               "|---|---|---|---|"]
     for rate in sorted({r["rate"] for r in records}):
@@ -114,7 +120,7 @@ def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
         f"Latency, before and after: {label}",
         f"builds: before = {_revision(before_src)}, after = {_revision()}",
         f"notify mode: {DEFAULT_MODE.value} (the default); default relay settings",
-        "floor: the machine's own latency right before each run (bench/floor.py): a "
+        "floor: the machine's own latency right before each run (bench/latency.py): a "
         "committed transaction on the run's PostgreSQL, a persistent publish's confirm, "
         "how late a 1 ms timer wakes")
     lines += latency_tables(records, "build", ("before", "after"))

@@ -14,12 +14,14 @@ import json
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import aio_pika
+import asyncpg
 
-from bench import floor
+from bench import common
 from bench.common import AMQP_URL, BenchEnv, Relay, checkpoint, load_before, percentile
 
 WARMUP_S = 1.0
@@ -58,7 +60,7 @@ async def latency_once(
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="bench-latency-"))
     await checkpoint(env)
     load = load_before()
-    before = await floor.measure(dsn=env.dsn)
+    before = await measure_floor(dsn=env.dsn)
     relay = Relay(env.relay_env(**relay_overrides), log_dir / "relay.log")
     received: dict[str, float] = {}
 
@@ -102,3 +104,74 @@ async def latency_once(
         "load_before": load,
         "floor": before,
     }
+
+
+# The machine's own latency floor, measured right before each latency run: what no relay can
+# go under on this machine at that moment. Three probes, one after another, each `samples`
+# times in sequence: `timer_late`, how late `asyncio.sleep(1 ms)` wakes (the VM's and the
+# kernel's wake-up delay); `pg_commit`, one autocommitted `SELECT txid_current()` (a commit
+# record flushed to disk) on the run's server, round trip included; `amqp_confirm`, one
+# persistent message to a durable classic queue on a confirm channel and its confirm awaited.
+# The commit-to-consumer path holds at least one commit and one publish, so a run whose floor
+# moved says so beside its latency.
+
+
+def _summary(values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {"p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3)}
+
+
+async def _timer(samples: int) -> list[float]:
+    late = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        await asyncio.sleep(0.001)
+        late.append(time.perf_counter() - started - 0.001)
+    return late
+
+
+async def _pg_commit(samples: int, dsn: str) -> list[float]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        took = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            await conn.fetchval("SELECT txid_current()")
+            took.append(time.perf_counter() - started)
+        return took
+    finally:
+        await conn.close()
+
+
+async def _amqp_confirm(samples: int) -> list[float]:
+    conn = await aio_pika.connect(AMQP_URL)
+    name = f"bench-floor-{uuid.uuid4().hex[:8]}"
+    try:
+        channel = await conn.channel(publisher_confirms=True)
+        queue = await channel.declare_queue(name, durable=True)
+        took = []
+        for i in range(samples):
+            message = aio_pika.Message(b'{"floor": %d}' % i,
+                                       delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+            started = time.perf_counter()
+            await channel.default_exchange.publish(message, routing_key=name)
+            took.append(time.perf_counter() - started)
+        await queue.delete(if_unused=False, if_empty=False)
+        return took
+    finally:
+        await conn.close()
+
+
+async def measure_floor(samples: int = 200, dsn: str | None = None) -> dict[str, Any]:
+    """The three probes' p50 and p99 (ms); `dsn`: the server a run uses."""
+    return {"timer_late": _summary(await _timer(samples)),
+            "pg_commit": _summary(await _pg_commit(samples, dsn or common.PG_ADMIN_DSN)),
+            "amqp_confirm": _summary(await _amqp_confirm(samples))}
+
+
+def brief_floor(floor: dict[str, Any] | None) -> str:
+    """`commit/confirm/timer p50 ms` for a table cell."""
+    if not floor:
+        return "-"
+    return (f"{floor['pg_commit']['p50_ms']:.2f} / {floor['amqp_confirm']['p50_ms']:.2f} / "
+            f"{floor['timer_late']['p50_ms']:.2f}")

@@ -12,6 +12,11 @@ it), so machine noise hits every mode alike; each round gives the ratio of a mod
 to no trigger (`off`) in that round. The median and spread of those ratios are the figure.
 NOTIFYs are counted on a separate LISTEN connection.
 
+Beside them, with no relay: what a trigger costs a bulk insert (`trigger_costs`): one
+100,000-row INSERT ... SELECT into the outbox with no trigger, with the relay's statement-level
+trigger (`always`: one NOTIFY per statement), and with the classic per-row trigger (one NOTIFY
+per row, the row id as payload), runs alternating.
+
 The relays poll every 0.5 s (RELAY_POLL_INTERVAL_S), and a backlog round starts only once the
 relay drains: with no trigger nothing wakes a relay but its poll, and a relay that slept
 through an `off` round left the producers the whole machine, so the ratio measured the
@@ -25,6 +30,7 @@ import asyncio
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +139,44 @@ def ratios(runs: list[dict[str, Any]], mode: str) -> list[float]:
     base = {r["round"]: r["tps"] for r in runs if r["mode"] == "off"}
     return [round(r["tps"] / base[r["round"]], 3) for r in runs
             if r["mode"] == mode and base.get(r["round"])]
+
+PER_ROW = """
+CREATE OR REPLACE FUNCTION bench_notify_row() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('{channel}', NEW.id::text);
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER bench_notify_row AFTER INSERT ON queue_message
+    FOR EACH ROW EXECUTE FUNCTION bench_notify_row()
+"""
+
+
+async def _one(conn: asyncpg.Connection, env: BenchEnv, rows: int) -> float:
+    started = time.monotonic()
+    seconds = await insert_backlog(conn, env, rows) - started
+    await conn.execute("TRUNCATE queue_message")
+    return rows / seconds
+
+
+async def trigger_costs(env: BenchEnv, rows: int, runs: int) -> list[dict[str, Any]]:
+    """rows/s of a bulk insert under each trigger, `runs` alternating rounds (no relay)."""
+    conn = await asyncpg.connect(env.dsn)
+    out = []
+    try:
+        for r in range(runs):
+            for kind in ("none", "statement", "per_row"):
+                await set_mode(env, NotifyMode.OFF if kind != "statement"
+                               else NotifyMode.ALWAYS)
+                if kind == "per_row":
+                    await conn.execute(PER_ROW.replace("{channel}", NAMES.channel))
+                load = load_before()
+                rate = await _one(conn, env, rows)
+                if kind == "per_row":
+                    await conn.execute("DROP TRIGGER bench_notify_row ON queue_message")
+                out.append({"round": r + 1, "trigger": kind, "rows": rows,
+                            "rows_per_s": round(rate), "load_before": load})
+                print(out[-1], flush=True)
+    finally:
+        await conn.close()
+    return out

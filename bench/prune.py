@@ -28,9 +28,9 @@ from bench.common import (
     create_env,
     drop_env,
     one_off,
+    run_on_private_server,
     wait_quiet,
 )
-from bench.server import run_on_private_server
 
 ARCHIVE = "queue_message_archive"
 DAYS = 14

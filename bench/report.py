@@ -82,7 +82,7 @@ def _render_latency(s: dict[str, Any]) -> list[str]:
     lines = ["", "## Latency, producer commit → consumer receipt (ms)", "",
              "Producers, relay and consumer in separate processes; producers commit 1-row "
              "transactions (Poisson arrivals) on N connections; first second left out.", "",
-             "floor: the machine's own p50 right before each run (bench/floor.py), median of "
+             "floor: the machine's own p50 right before each run (bench/latency.py), median of "
              "the runs: a committed transaction / a persistent publish's confirm / how late a "
              "1 ms timer wakes.", "",
              "| mode | commits/s | connections | achieved | p50 | p95 | p99 | max | load before "

@@ -239,8 +239,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "spark-RESULTS.md")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from bench.common import load_before, machine
-    from bench.server import private_server
+    from bench.common import load_before, machine, private_server
 
     facts: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
