@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
                         "results.json)")
     parser.add_argument("--server", choices=("private", "shared"),
                         help="PostgreSQL: a private initdb cluster with the server's defaults "
-                        "(bench/server.py; the default) or the shared one of RELAY_TEST_PG_DSN "
+                        "(bench/common.py; the default) or the shared one of RELAY_TEST_PG_DSN "
                         "(the default of --smoke)")
     args, rest = parser.parse_known_args(argv)
     if args.scenario in OWN_REPORTS:

@@ -10,7 +10,7 @@ database with the default notify mode, so both see the same machine; every run r
 load average before it. Writes a Markdown report (machine, command, date, versions, every run
 and the medians) to --out, and prints one JSON line per run. With --drain-rows, drains of that
 many rows (the default settings, one relay) alternate the same way after the latency runs, on a
-private cluster with the server's defaults (bench/server.py) like the suite's drains.
+private cluster with the server's defaults (bench/common.py) like the suite's drains.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Retention of a large archive: `relay prune --older-than 7d` on an archive that is not
 partitioned (batched DELETE) beside the same rows in an archive partitioned by day (whole days
-dropped), on a private cluster with the server's defaults (bench/server.py).
+dropped), on a private cluster with the server's defaults (bench/common.py).
 
     python -m bench --scenario prune -- [--rows 1000000] [--runs 1]
 
