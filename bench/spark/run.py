@@ -9,7 +9,7 @@ consumed) with one relay running.
 `--master standalone` (the default) starts a Spark standalone master and one 2-core worker on
 127.0.0.1 from the installed pyspark (tests/spark/standalone.py) and runs the writes there.
 
-PostgreSQL: a private initdb cluster with the server's defaults (bench/server.py), or with
+PostgreSQL: a private initdb cluster with the server's defaults (bench/common.py), or with
 `--server shared` the local one (BENCH_PG_DSN); RabbitMQ: the local one (BENCH_AMQP_URL). Makes
 and drops its own database, exchange and queue. Writes --out (the machine, the command, the date
 and the load average before each write) and prints it.
@@ -235,7 +235,7 @@ def main() -> None:
     parser.add_argument("--modes", default="plain,staged,copy,append")
     parser.add_argument("--server", default="private", choices=("private", "shared"),
                         help="PostgreSQL: a private initdb cluster with the server's defaults "
-                        "(bench/server.py) or the machine's own (BENCH_PG_DSN)")
+                        "(bench/common.py) or the machine's own (BENCH_PG_DSN)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "spark-RESULTS.md")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
