@@ -309,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     from relay.cli.dead import add_failure_commands
 
     add_failure_commands(add, with_dead_letters, watch_dead_letters)
+    from relay.cli.inbox import add_inbox_command
+
+    add_inbox_command(add)
     return parser
 
 

@@ -8,15 +8,16 @@ from pathlib import Path
 
 RELAY = Path(__file__).resolve().parents[2] / "relay"
 
-# A driver's modules may be imported only inside its folder.
+# A driver's modules may be imported only inside its folders. The consumer's inbox
+# (relay/inbox/) is a library of its own for consumers: both drivers, nothing else of relay/.
 DRIVERS = {
-    "asyncpg": "pg",
-    "aio_pika": "amqp",
-    "aiormq": "amqp",
-    "pamqp": "amqp",
-    "pyspark": "spark",
+    "asyncpg": ("pg", "inbox"),
+    "aio_pika": ("amqp", "inbox"),
+    "aiormq": ("amqp",),
+    "pamqp": ("amqp",),
+    "pyspark": ("spark",),
     # Imported only when tracing is on, and only there (relay/tracing/__init__.py).
-    "opentelemetry": "tracing",
+    "opentelemetry": ("tracing",),
 }
 
 # What a folder of relay/ must not import (modules of relay/ by dotted prefix). The protocols a
@@ -75,7 +76,7 @@ def test_every_driver_is_imported_only_behind_its_seam() -> None:
     for folder, path in _modules():
         for module in _imports(path):
             top = module.split(".")[0]
-            if top in DRIVERS and folder != DRIVERS[top]:
+            if top in DRIVERS and folder not in DRIVERS[top]:
                 crossings.append(f"{path.relative_to(RELAY.parent)} imports {module}")
     assert crossings == []
 
@@ -87,6 +88,32 @@ def test_every_folder_imports_only_what_it_may() -> None:
             if any(_within(module, f) for f in FORBIDDEN.get(folder, ())):
                 crossings.append(f"{path.relative_to(RELAY.parent)} imports {module}")
     assert crossings == []
+
+
+# What the inbox may import of relay/: itself, and the SQL loader (standard library only), so a
+# consumer needs aio-pika and asyncpg and nothing else of the relay's dependencies.
+INBOX_MAY_IMPORT = ("relay.inbox", "relay.pg.queries")
+
+
+def test_the_inbox_imports_nothing_of_the_relay_but_the_sql_loader() -> None:
+    crossings = [f"{path.relative_to(RELAY.parent)} imports {module}"
+                 for folder, path in _modules() if folder == "inbox"
+                 for module in _imports(path)
+                 if module.startswith("relay") and module != "relay"
+                 and not any(_within(module, m) for m in INBOX_MAY_IMPORT)]
+    assert crossings == []
+
+
+def test_importing_the_inbox_loads_none_of_the_relays_other_dependencies() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, relay.inbox; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'pydantic', 'pydantic_settings', 'structlog', 'prometheus_client', 'cronsim', "
+            "'uvloop', 'opentelemetry'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_contract_reads_imports_inside_functions_too() -> None:

@@ -1,0 +1,241 @@
+"""A RabbitMQ consumer whose handler runs at most once per message: the inbox (store.py) records
+each message in the handler's own transaction, and the message is acked only after it commits.
+
+Needs aio-pika and asyncpg only. Logs through the standard library's `logging`
+(logger `relay.inbox`), so the application's own logging setup applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+import aio_pika
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+
+from relay.inbox.store import DEFAULT_TABLE, Handler, Inbox, InboxError, message_key
+
+log = logging.getLogger("relay.inbox")
+
+ON_ERROR = ("requeue", "reject")
+# The database went away or refuses connections for now (restart, failover): not the message's
+# fault, so it is requeued without counting an attempt, however long the outage lasts.
+DATABASE_AWAY = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                 asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError)
+# Attempts counted in this process for queues that do not count them (classic queues): the
+# most recent keys only; a restarted consumer starts counting again.
+_ATTEMPTS_KEPT = 10_000
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """How the consumer takes messages and what it does when the handler fails.
+
+    queue: the queue to consume (it must exist).
+    consumer: the name its messages are recorded under in the inbox (default: the queue's);
+      two consumers sharing a name share their dedupe.
+    table: the inbox table ([schema.]name), made by `relay inbox migrate`.
+    prefetch: messages the broker sends ahead, unacked (basic.qos).
+    concurrency: handlers running at once (each on its own database connection).
+    on_error: when the handler raises: "requeue" (the broker delivers it again, until
+      max_attempts) or "reject" (at once; to the queue's dead-letter exchange if it has one).
+    max_attempts: deliveries before a failing message is rejected (quorum queues count them in
+      x-delivery-count; other queues are counted by this process).
+    retention_s: inbox rows older than this are deleted every prune_every_s (None: never).
+      A message re-delivered after its row was pruned runs again: keep this longer than the
+      longest time a message can wait to be re-delivered (a relay or consumer outage).
+    """
+
+    queue: str
+    consumer: str | None = None
+    table: str = DEFAULT_TABLE
+    prefetch: int = 100
+    concurrency: int = 8
+    on_error: str = "requeue"
+    max_attempts: int = 5
+    retention_s: float | None = 7 * 86400.0
+    prune_every_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, what: str) -> InboxError:
+            return InboxError(f"inbox consumer setting {name}={getattr(self, name)!r}: {what}")
+
+        if not self.queue:
+            raise bad("queue", "give the queue to consume")
+        if not 1 <= self.prefetch <= 65535:
+            raise bad("prefetch", "between 1 and 65535 (AMQP's prefetch count is 16 bits)")
+        if not 1 <= self.concurrency <= self.prefetch:
+            raise bad("concurrency", "at least 1 and at most prefetch (more could never run)")
+        if self.on_error not in ON_ERROR:
+            raise bad("on_error", "'requeue' or 'reject'")
+        if self.max_attempts < 1:
+            raise bad("max_attempts", "at least 1")
+        if self.retention_s is not None and not (math.isfinite(self.retention_s)
+                                                 and self.retention_s > 0):
+            raise bad("retention_s", "a positive number of seconds, or None to keep every row")
+        if not (math.isfinite(self.prune_every_s) and self.prune_every_s > 0):
+            raise bad("prune_every_s", "a positive number of seconds")
+
+    @property
+    def name(self) -> str:
+        """The name messages are recorded under."""
+        return self.consumer or self.queue
+
+
+def delivery_attempt(message: AbstractIncomingMessage, counted: int) -> int:
+    """This delivery's number (1 for the first): the broker's x-delivery-count when it keeps
+    one (quorum queues), else `counted`, this process's own count."""
+    count = (message.headers or {}).get("x-delivery-count")
+    if isinstance(count, int) and not isinstance(count, bool):
+        return count + 1
+    return counted
+
+
+class InboxConsumer:
+    """Consumes `config.queue`, running `handler(message, conn)` once per message.
+
+    For each message: in one transaction on `conn`, the inbox records the message's key and, if
+    new, the handler runs; the transaction commits, then the message is acked. A message already
+    recorded is acked without running the handler. When the handler raises, the transaction
+    rolls back and the message is requeued or rejected as `config.on_error` says.
+    """
+
+    def __init__(self, amqp_url: str, pg_dsn: str, handler: Handler,
+                 config: ConsumerConfig) -> None:
+        self.amqp_url = amqp_url
+        self.pg_dsn = pg_dsn
+        self.handler = handler
+        self.config = config
+        self.handled = 0
+        self.duplicates = 0
+        self.failed = 0
+        self._attempts: OrderedDict[str, int] = OrderedDict()
+        self._slots = asyncio.Semaphore(config.concurrency)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Consume until `stop` is set (or the task is cancelled); then finish the handlers
+        running, and close."""
+        cfg = self.config
+        pool = await asyncpg.create_pool(self.pg_dsn, min_size=1, max_size=cfg.concurrency)
+        try:
+            inbox = Inbox(pool, cfg.name, cfg.table)
+            await inbox.check()
+            connection = await aio_pika.connect_robust(self.amqp_url)
+            try:
+                channel = await connection.channel()
+                await channel.set_qos(prefetch_count=cfg.prefetch)
+                queue = await channel.get_queue(cfg.queue, ensure=True)
+
+                async def on_message(message: AbstractIncomingMessage) -> None:
+                    await self._one(inbox, message)
+
+                tag = await queue.consume(on_message)
+                log.info("inbox consumer started: queue %s as %s, table %s", cfg.queue,
+                         cfg.name, cfg.table)
+                pruner = asyncio.create_task(self._prune(inbox))
+                try:
+                    await (stop.wait() if stop is not None else asyncio.Future())
+                finally:
+                    pruner.cancel()
+                    with contextlib.suppress(Exception):
+                        await queue.cancel(tag)
+                    await self._drain_handlers(timeout_s=30.0)
+            finally:
+                await connection.close()
+        finally:
+            await pool.close()
+
+    async def _one(self, inbox: Inbox, message: AbstractIncomingMessage) -> None:
+        async with self._slots:
+            key = message_key(message.headers, message.message_id)
+            if key is None:
+                log.error("message without x-outbox-id or message_id on %s (delivery tag %s): "
+                          "rejected, nothing to tell a duplicate by", self.config.queue,
+                          message.delivery_tag)
+                await _settle(message.reject(requeue=False), "(no id)")
+                return
+            try:
+                ran = await inbox.handle(key, message, self.handler)
+            except DATABASE_AWAY as exc:
+                # The database went away: not the message's fault; it comes back.
+                log.warning("inbox database unavailable (%s); message %s requeued", exc, key)
+                await asyncio.sleep(1.0)
+                await _settle(message.nack(requeue=True), key)
+                return
+            except Exception as exc:
+                self.failed += 1
+                await self._failed(key, message, exc)
+                return
+            if ran:
+                self.handled += 1
+            else:
+                self.duplicates += 1
+                log.info("message %s handled before; acked without running the handler", key)
+            self._attempts.pop(key, None)
+            await _settle(message.ack(), key)
+
+    async def _failed(self, key: str, message: AbstractIncomingMessage, exc: Exception) -> None:
+        counted = self._attempts.pop(key, 0) + 1
+        attempt = delivery_attempt(message, counted)
+        give_up = self.config.on_error == "reject" or attempt >= self.config.max_attempts
+        log.warning("handler failed for message %s (attempt %d of %d): %r; %s", key, attempt,
+                    self.config.max_attempts, exc, "rejected" if give_up else "requeued")
+        if give_up:
+            await _settle(message.reject(requeue=False), key)
+            return
+        self._attempts[key] = counted
+        while len(self._attempts) > _ATTEMPTS_KEPT:
+            self._attempts.popitem(last=False)
+        await _settle(message.nack(requeue=True), key)
+
+    async def _drain_handlers(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the handlers running to finish."""
+        async def all_slots() -> None:
+            for _ in range(self.config.concurrency):
+                await self._slots.acquire()
+
+        try:
+            await asyncio.wait_for(all_slots(), timeout_s)
+        except TimeoutError:
+            log.warning("inbox consumer stopping with handlers still running after %.0f s; "
+                        "their messages are delivered again", timeout_s)
+
+    async def _prune(self, inbox: Inbox) -> None:
+        if self.config.retention_s is None:
+            return
+        while True:
+            try:
+                deleted = await inbox.prune(self.config.retention_s)
+                if deleted:
+                    log.info("inbox pruned: %d rows older than %.0f s", deleted,
+                             self.config.retention_s)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("inbox prune failed (%s); next try in %.0f s", exc,
+                            self.config.prune_every_s)
+            await asyncio.sleep(self.config.prune_every_s)
+
+
+async def _settle(answer: Awaitable[None], key: str) -> None:
+    """Ack, nack or reject; when the channel is gone the broker delivers the message again, and
+    the inbox knows it if its transaction committed."""
+    try:
+        await answer
+    except Exception as exc:
+        log.warning("could not answer the broker for message %s (%r): it will be delivered "
+                    "again", key, exc)
+
+
+async def consume(amqp_url: str, pg_dsn: str, handler: Handler, config: ConsumerConfig,
+                  stop: asyncio.Event | None = None) -> InboxConsumer:
+    """Run an InboxConsumer until `stop` is set; return it (its counts)."""
+    consumer = InboxConsumer(amqp_url, pg_dsn, handler, config)
+    await consumer.run(stop)
+    return consumer
+
+
