@@ -63,6 +63,9 @@ def queries(table: str = DEFAULT_TABLE) -> dict[str, str]:
             for name, sql in _raw().items()}
 
 
+_RESERVED = ("hex:", "sha256:")
+
+
 def _text(value: Any) -> str:
     if isinstance(value, bytes | bytearray):
         try:
@@ -70,21 +73,32 @@ def _text(value: Any) -> str:
         except UnicodeDecodeError:
             return "hex:" + bytes(value).hex()
     text = str(value)
-    # PostgreSQL's text cannot hold NUL; such an id is kept as the hex of its UTF-8 bytes.
-    return "hex:" + text.encode().hex() if "\x00" in text else text
+    # PostgreSQL's text cannot hold NUL; such an id is kept as the hex of its UTF-8 bytes, and
+    # so is an id that could be read as one of these encodings, so that two ids never share a key.
+    if "\x00" in text or text.startswith(_RESERVED):
+        return "hex:" + text.encode().hex()
+    return text
+
+
+def _id_text(value: Any) -> str:
+    text = _text(value)
+    # An id holding `@` could be read as another id and an occurrence: kept as its bytes too.
+    return "hex:" + text.encode().hex() if "@" in text else text
 
 
 def message_key(headers: Mapping[str, Any] | None, message_id: Any) -> str | None:
     """What the inbox records for a message: the relay's row id (its `x-outbox-id` header, else
     the message_id), with the occurrence for a recurring row (each occurrence carries the row's
-    id). None when the message carries neither."""
+    id). None when the message carries neither. Two different ids never give one key: an id with
+    NUL, not UTF-8, starting `hex:` or `sha256:`, or holding `@` (the occurrence's separator) is
+    recorded as `hex:` and its bytes; a key over KEY_MAX_BYTES as `sha256:` and its digest."""
     headers = headers or {}
     raw = headers.get(OUTBOX_ID_HEADER)
     if raw is None or raw in ("", b""):
         raw = message_id
     if raw is None or raw in ("", b""):
         return None
-    key = _text(raw)
+    key = _id_text(raw)
     occurrence = headers.get(OCCURRENCE_HEADER)
     if occurrence is not None:
         key = f"{key}@{_text(occurrence)}"

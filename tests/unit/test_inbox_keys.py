@@ -31,6 +31,14 @@ def test_message_key__an_occurrence_of_a_recurring_row_is_its_own_key() -> None:
     assert message_key({"x-outbox-id": ROW, "x-outbox-occurrence": at}, ROW) == f"{ROW}@{at}"
 
 
+def test_message_key__an_id_with_the_separator_never_meets_an_id_with_an_occurrence() -> None:
+    """Found by tests/property/test_inbox_property.py: both were `a@b`."""
+    plain = message_key({"x-outbox-id": "a@b"}, None)
+    recurring = message_key({"x-outbox-id": "a", "x-outbox-occurrence": "b"}, None)
+    assert (plain, recurring) == ("hex:614062", "a@b")
+    assert message_key({"x-outbox-id": "hex:61"}, None) == "hex:6865783a3631"
+
+
 def test_message_key__text_postgres_cannot_store_and_long_ids_are_encoded() -> None:
     assert message_key({"x-outbox-id": b"\xff\xfe"}, None) == "hex:fffe"
     assert message_key({"x-outbox-id": "a\x00b"}, None) == "hex:610062"
