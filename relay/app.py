@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
+import socket
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import structlog
 
@@ -41,8 +44,11 @@ from relay.pg.listener import Listener
 from relay.pg.queries import TableNames
 from relay.pg.status import StatusSource
 from relay.pg.store import Outbox
+from relay.pg.streams import StreamStore
 from relay.pg.wakeup import WakeupLockSession
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings
+from relay.streams.producer import StreamServer
+from relay.streams.worker import StreamConfig, StreamWorker
 from relay.supervise import Backoff, Stopping, Supervisor, Supervisors
 from relay.tracing import Tracing
 from relay.tracing import from_environment as tracing_from_environment
@@ -83,6 +89,25 @@ def database_config(settings: Settings) -> DatabaseConfig:
         # poll interval, so ten intervals of silence (30 s at least) is a relay cut off.
         leader_idle_session_ms=int(max(30.0, 10 * settings.leader_poll_interval_s) * 1000),
     )
+
+
+def stream_config(settings: Settings) -> StreamConfig:
+    """What the stream worker needs of the settings: the stream port on the broker's host, as
+    the broker's user."""
+    parts = urlsplit(settings.amqp_url)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    return StreamConfig(
+        server=StreamServer(host=parts.hostname or "localhost", port=settings.stream_port,
+                            username=unquote(parts.username or "guest"),
+                            password=unquote(parts.password or "guest"), vhost=vhost),
+        producer_prefix=settings.table_name, slots=settings.stream_producers,
+        lease_s=settings.stream_lease_s)
+
+
+def stream_worker(settings: Settings, db: DatabaseConfig) -> StreamWorker:
+    """The stream worker of this relay process, named for the slots' leases."""
+    owner = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    return StreamWorker(stream_config(settings), lambda: StreamStore.open(db, owner))
 
 
 def worker_config(settings: Settings) -> WorkerConfig:
@@ -256,6 +281,8 @@ async def _serve(settings: Settings, db: DatabaseConfig, supervisors: Supervisor
     listener = services.start(make_listener(db, supervisors, doorbell.ring))
     if settings.on_success is OnSuccess.ARCHIVE:
         services.start(PartitionKeeper(outbox.partitions_ahead))
+    if settings.streams:
+        services.start(stream_worker(settings, db))
     log.info(
         "relay_started",
         table=settings.table,

@@ -151,6 +151,28 @@ class Settings(BaseSettings):
         "at once, over a broker connection of its own, instead of behind the drain's batches "
         "(docs/fairness.md). Off: they go with the drain's next batches.",
     )
+    streams: bool = Field(
+        default=False,
+        description="Also publish the rows of <table>_stream to RabbitMQ streams over the "
+        "stream protocol, deduplicated by the broker (docs/streams.md); needs the "
+        "rabbitmq_stream plugin.",
+    )
+    stream_port: int = Field(
+        default=5552, ge=1, le=65535,
+        description="Port of RabbitMQ's stream protocol on the host of RELAY_AMQP_URL (its "
+        "user, password and vhost too).",
+    )
+    stream_producers: int = Field(
+        default=4, ge=1, le=256,
+        description="Named stream producers (slots) the relays share; each is owned by one "
+        "relay at a time. The same on every relay of a table.",
+    )
+    stream_lease_s: Seconds = Field(
+        default=10.0,
+        validation_alias=_env("STREAM_LEASE"),
+        description="Seconds a relay that stopped answering keeps its stream producers before "
+        "another relay takes them over.",
+    )
     express_poll_interval_s: Seconds = Field(
         default=0.002,
         validation_alias=_env("EXPRESS_POLL_INTERVAL"),

@@ -878,3 +878,101 @@ WITH inserted AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM {stage}), (SELECT count(*) FROM inserted)
+
+-- ============================================================ streams (docs/streams.md)
+
+-- name: stream_slots_ensure
+-- Slots 0..$1-1 exist (a relay configured with more producers adds theirs).
+INSERT INTO {stream_slots} (slot) SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING
+
+-- name: stream_heartbeat
+-- This relay ($1) is alive; returns how many stream relays are ($2: seconds a relay counts).
+WITH me AS (
+    INSERT INTO {stream_relays} (relay, seen_at) VALUES ($1, now())
+    ON CONFLICT (relay) DO UPDATE SET seen_at = now()
+), gone AS (
+    DELETE FROM {stream_relays} WHERE seen_at < now() - make_interval(secs => $2 * 10)
+)
+SELECT 1 + count(*)::int FROM {stream_relays}
+WHERE relay <> $1 AND seen_at >= now() - make_interval(secs => $2)
+
+-- name: stream_slot_take
+-- One free slot (never owned, released, or its lease run out) for this relay ($1) for $2 s;
+-- below $3 only (the configured producers).
+UPDATE {stream_slots} SET owner = $1, lease_until = now() + make_interval(secs => $2)
+WHERE slot = (SELECT slot FROM {stream_slots}
+              WHERE slot < $3 AND (owner IS NULL OR lease_until < now())
+              ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING slot
+
+-- name: stream_slot_renew
+-- Keep the lease of slot $2 for relay $1 another $3 s; no row: the lease was lost (run out and
+-- taken by another relay): stop using the slot at once. In the assigning transaction it also
+-- holds the slot's row, so a takeover waits for that transaction.
+UPDATE {stream_slots} SET lease_until = now() + make_interval(secs => $3)
+WHERE slot = $2 AND owner = $1 AND lease_until >= now()
+RETURNING slot
+
+-- name: stream_slot_release
+UPDATE {stream_slots} SET owner = NULL, lease_until = '-infinity' WHERE slot = $2 AND owner = $1
+
+-- name: stream_slot_streams
+-- The streams slot $1 has rows assigned in (what a new owner asks the broker about).
+SELECT DISTINCT stream FROM {stream_table} WHERE slot = $1
+
+-- name: stream_settle_stored
+-- Takeover: rows of slot $1 in stream $2 at or below the broker's last stored publishing id
+-- ($3) were written by the previous owner: delete them without sending; and never give an id
+-- at or below it again.
+WITH done AS (
+    DELETE FROM {stream_table} WHERE slot = $1 AND stream = $2 AND publishing_id <= $3
+    RETURNING 1
+), seq AS (
+    INSERT INTO {stream_seq} (slot, stream, last_id) VALUES ($1, $2, $3)
+    ON CONFLICT (slot, stream) DO UPDATE SET last_id = greatest({stream_seq}.last_id, $3)
+)
+SELECT count(*)::int FROM done
+
+-- name: stream_assign
+-- Give up to $2 rows without a slot to slot $1, each stream's rows the next publishing ids of
+-- (slot, stream) in row order; in a transaction that renewed the slot's lease first.
+WITH picked AS (
+    SELECT id, stream, seq FROM {stream_table}
+    WHERE slot IS NULL ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
+), numbered AS (
+    SELECT id, stream, row_number() OVER (PARTITION BY stream ORDER BY seq) AS n FROM picked
+), counts AS (
+    SELECT stream, count(*) AS n FROM picked GROUP BY stream
+), bumped AS (
+    INSERT INTO {stream_seq} AS s (slot, stream, last_id)
+    SELECT $1, stream, n FROM counts
+    ON CONFLICT (slot, stream) DO UPDATE SET last_id = s.last_id + EXCLUDED.last_id
+    RETURNING s.stream, s.last_id
+)
+UPDATE {stream_table} AS t
+SET slot = $1, publishing_id = b.last_id - c.n + nb.n
+FROM numbered AS nb
+JOIN counts AS c USING (stream)
+JOIN bumped AS b USING (stream)
+WHERE t.id = nb.id
+RETURNING t.id
+
+-- name: stream_assigned
+-- Slot $1's rows to send, in publishing id order per stream ($2 at most).
+SELECT id::text AS id, stream, content::text AS body, publishing_id
+FROM {stream_table}
+WHERE slot = $1
+ORDER BY stream, publishing_id
+LIMIT $2
+
+-- name: stream_settle
+-- Rows the broker confirmed ($1: ids).
+DELETE FROM {stream_table} WHERE id = ANY ($1::uuid[])
+
+-- name: stream_reassign
+-- Rows the broker refused ($1: ids): a new publishing id at the next assignment (the old one
+-- may be at or below what the broker stored since, and would be dropped).
+UPDATE {stream_table} SET slot = NULL, publishing_id = NULL WHERE id = ANY ($1::uuid[])
+
+-- name: stream_backlog
+SELECT count(*)::bigint FROM {stream_table}

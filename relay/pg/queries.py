@@ -91,6 +91,14 @@ class TableNames:
             "repeat_problem_fn": self._q("_repeat_problem"),
             "repeat_valid_fn_literal": quote_literal(self._q("_repeat_valid")),
             "dead_literal": quote_literal(self._q("_dead")),
+            # Rows for RabbitMQ streams (sql/migrations/0017_streams.sql).
+            "stream_table": self._q("_stream"),
+            "stream_slots": self._q("_stream_slots"),
+            "stream_seq": self._q("_stream_seq"),
+            "stream_relays": self._q("_stream_relays"),
+            "stream_assigned_check": quote_ident(self.name + "_stream_assigned"),
+            "stream_unassigned_idx": quote_ident(self.name + "_stream_unassigned_idx"),
+            "stream_assigned_idx": quote_ident(self.name + "_stream_assigned_idx"),
             # Spark's staging tables: a schema of their own (sql/migrations/0010).
             "stage_schema": quote_ident(self.name + "_stage"),
             "stage_schema_literal": quote_literal(self.name + "_stage"),

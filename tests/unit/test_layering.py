@@ -16,6 +16,7 @@ DRIVERS = {
     "aiormq": ("amqp",),
     "pamqp": ("amqp",),
     "pyspark": ("spark",),
+    "rstream": ("streams",),
     # Imported only when tracing is on, and only there (relay/tracing/__init__.py).
     "opentelemetry": ("tracing",),
 }
@@ -30,6 +31,7 @@ FORBIDDEN = {
     "spark": ("relay.amqp", "relay.loop", "relay.ops", "relay.app", "relay.cli"),
     "tracing": ("relay.pg", "relay.amqp", "relay.loop", "relay.ops", "relay.spark", "relay.app",
                 "relay.cli"),
+    "streams": ("relay.amqp", "relay.loop", "relay.ops", "relay.spark", "relay.app", "relay.cli"),
 }
 
 

@@ -1,0 +1,121 @@
+"""The stream rows' table (sql/migrations/0017_streams.sql, docs/streams.md): slots and their
+leases, publishing ids given in committed transactions, settles. One connection of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from relay.pg.config import DatabaseConfig
+from relay.pg.connection import connect, translated
+from relay.pg.queries import Queries
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    """One row to send: its id, stream, JSON body and publishing id."""
+
+    id: str
+    stream: str
+    body: bytes
+    publishing_id: int
+
+
+class StreamStore:
+    """What the stream worker asks of the database, as relay `owner`."""
+
+    def __init__(self, conn: asyncpg.Connection, queries: Queries, owner: str) -> None:
+        self._conn = conn
+        self.q = queries
+        self.owner = owner
+
+    @classmethod
+    async def open(cls, db: DatabaseConfig, owner: str) -> StreamStore:
+        """A connection of its own (role `streams`)."""
+        return cls(await connect(db, "streams"), db.queries, owner)
+
+    async def close(self) -> None:
+        """Close the connection (a transaction left open rolls back)."""
+        await self._conn.close()
+
+    def terminate(self) -> None:
+        """Drop the connection at once."""
+        self._conn.terminate()
+
+    async def ensure_slots(self, slots: int) -> None:
+        """Slots 0..slots-1 exist."""
+        with translated("creating stream slots"):
+            await self._conn.execute(self.q["stream_slots_ensure"], slots)
+
+    async def heartbeat(self, seen_s: float) -> int:
+        """Note this relay alive; how many stream relays are (this one included)."""
+        with translated("noting the stream relay alive"):
+            return int(await self._conn.fetchval(self.q["stream_heartbeat"], self.owner,
+                                                 float(seen_s)))
+
+    async def take_slot(self, lease_s: float, slots: int) -> int | None:
+        """A free slot below `slots`, leased for `lease_s`; None when none is free."""
+        with translated("taking a stream slot"):
+            value = await self._conn.fetchval(self.q["stream_slot_take"], self.owner,
+                                              float(lease_s), slots)
+        return None if value is None else int(value)
+
+    async def renew(self, slot: int, lease_s: float) -> bool:
+        """Keep the slot's lease; False when it was lost."""
+        with translated("renewing a stream slot's lease"):
+            return await self._conn.fetchval(self.q["stream_slot_renew"], self.owner, slot,
+                                             float(lease_s)) is not None
+
+    async def release(self, slot: int) -> None:
+        """Give the slot up (another relay may take it at once)."""
+        with translated("releasing a stream slot"):
+            await self._conn.execute(self.q["stream_slot_release"], self.owner, slot)
+
+    async def streams_of(self, slot: int) -> list[str]:
+        """Streams the slot has rows assigned in."""
+        with translated("reading a slot's streams"):
+            return [r["stream"] for r in await self._conn.fetch(self.q["stream_slot_streams"],
+                                                                 slot)]
+
+    async def settle_stored(self, slot: int, stream: str, last_stored: int) -> int:
+        """Delete the slot's rows the broker already stored (ids at or below `last_stored`);
+        how many."""
+        with translated("settling rows the broker stored"):
+            return int(await self._conn.fetchval(self.q["stream_settle_stored"], slot, stream,
+                                                 last_stored))
+
+    async def assign(self, slot: int, lease_s: float, limit: int) -> int | None:
+        """Give up to `limit` unassigned rows to the slot, in a transaction that first renews
+        its lease; how many (None: the lease was lost, nothing assigned)."""
+        with translated("assigning publishing ids"):
+            async with self._conn.transaction():
+                if await self._conn.fetchval(self.q["stream_slot_renew"], self.owner, slot,
+                                             float(lease_s)) is None:
+                    return None
+                return len(await self._conn.fetch(self.q["stream_assign"], slot, limit))
+
+    async def assigned(self, slot: int, limit: int) -> list[StreamRow]:
+        """The slot's rows to send, in publishing id order per stream."""
+        with translated("reading assigned stream rows"):
+            rows = await self._conn.fetch(self.q["stream_assigned"], slot, limit)
+        return [StreamRow(r["id"], r["stream"], r["body"].encode(), int(r["publishing_id"]))
+                for r in rows]
+
+    async def settle(self, ids: list[str]) -> None:
+        """Delete rows the broker confirmed."""
+        if ids:
+            with translated("deleting confirmed stream rows"):
+                await self._conn.execute(self.q["stream_settle"], ids)
+
+    async def reassign(self, ids: list[str]) -> None:
+        """Rows the broker refused get new publishing ids at the next assignment."""
+        if ids:
+            with translated("reassigning refused stream rows"):
+                await self._conn.execute(self.q["stream_reassign"], ids)
+
+    async def backlog(self) -> int:
+        """Rows waiting in the stream table."""
+        with translated("counting stream rows"):
+            return int(await self._conn.fetchval(self.q["stream_backlog"]))

@@ -1,0 +1,114 @@
+"""One named stream producer per slot, over RabbitMQ's stream protocol (rstream).
+
+The producer's name is the slot's (`<table>-<slot>`): the broker keeps, per name and stream, the
+highest publishing id it stored and drops a message at or below it. Messages are sent with the
+publishing ids the database gave them, one AMQP 1.0 message per row (never a sub-entry batch,
+which would turn deduplication off), carrying the row id as message-id and in the application
+property `x-outbox-id`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rstream import AMQPMessage, ConfirmationStatus, Producer, Properties, StreamDoesNotExist
+
+from relay.errors import BrokerError
+
+OUTBOX_ID_PROPERTY = "x-outbox-id"
+
+
+@dataclass(frozen=True)
+class StreamServer:
+    """Where the stream protocol listens, and as whom."""
+
+    host: str
+    port: int
+    username: str
+    password: str
+    vhost: str = "/"
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One row to send."""
+
+    id: str
+    body: bytes
+    publishing_id: int
+
+
+@dataclass
+class SendResult:
+    """What the broker said of a send: rows confirmed (stored now, or before: a duplicate is
+    confirmed too), rows refused, rows not answered within the deadline."""
+
+    confirmed: list[str]
+    refused: list[str]
+    unanswered: list[str]
+
+
+class StreamGone(BrokerError):
+    """The stream does not exist (rows for it wait until it does)."""
+
+
+def _message(row: Outgoing) -> AMQPMessage:
+    message = AMQPMessage(body=row.body,
+                          properties=Properties(message_id=row.id,
+                                                content_type="application/json"),
+                          application_properties={OUTBOX_ID_PROPERTY: row.id})
+    # A tuple underneath: the id the database gave is set after construction.
+    message.publishing_id = row.publishing_id
+    return message
+
+
+class SlotProducer:
+    """The named producer of one slot, on a connection of its own."""
+
+    def __init__(self, server: StreamServer, name: str, *, frame_max: int = 1024 * 1024) -> None:
+        self.name = name
+        self._producer = Producer(server.host, server.port, username=server.username,
+                                  password=server.password, vhost=server.vhost,
+                                  frame_max=frame_max, connection_name=f"outbox-relay {name}")
+
+    async def start(self) -> None:
+        """Connect."""
+        await self._producer.start()
+
+    async def close(self) -> None:
+        """Close the connection (unconfirmed messages stay the database's rows)."""
+        await self._producer.close()
+
+    async def last_stored(self, stream: str) -> int:
+        """The highest publishing id the broker stored for this producer name in `stream`
+        (0: none)."""
+        client = await self._producer.default_client
+        return int(await client.query_publisher_sequence(stream=stream, reference=self.name))
+
+    async def send(self, stream: str, rows: Sequence[Outgoing], timeout_s: float) -> SendResult:
+        """Publish `rows` (ascending publishing ids) and wait for every answer, at most
+        `timeout_s`."""
+        by_id = {r.publishing_id: r.id for r in rows}
+        answers: dict[int, bool] = {}
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_confirm(status: ConfirmationStatus) -> None:
+            answers[status.message_id] = status.is_confirmed
+            if len(answers) >= len(by_id) and not done.done():
+                done.set_result(None)
+
+        messages = [_message(r) for r in rows]
+        try:
+            await self._producer.send_batch(stream, messages, publisher_name=self.name,
+                                            on_publish_confirm=on_confirm)
+        except StreamDoesNotExist as exc:
+            raise StreamGone(f"stream {stream!r} does not exist") from exc
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), timeout_s)
+        return SendResult(
+            confirmed=[by_id[p] for p, ok in answers.items() if ok and p in by_id],
+            refused=[by_id[p] for p, ok in answers.items() if not ok and p in by_id],
+            unanswered=[i for p, i in by_id.items() if p not in answers])

@@ -1,0 +1,180 @@
+"""The stream worker: slots leased, rows given publishing ids, sent in order, settled.
+
+Each relay with RELAY_STREAMS=true runs one. It notes itself alive, takes free slots up to its
+share (slots / stream relays alive), and for each slot it owns runs one loop:
+
+1. on taking the slot: for each stream the slot has rows in, ask the broker for the highest
+   publishing id it stored for the slot's producer name; delete those rows unsent (the previous
+   owner sent them and died before deleting);
+2. renew the lease and give unassigned rows the slot's next publishing ids, in one committed
+   transaction;
+3. send the slot's rows in publishing id order, per stream; delete what the broker confirmed
+   (a duplicate is confirmed and not written); rows it refused get new ids; rows it did not
+   answer are sent again, same ids, at the next round.
+
+A lost lease stops the slot's loop at once; the new owner starts at step 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from itertools import groupby
+
+import structlog
+
+from relay.errors import RelayError
+from relay.pg.streams import StreamRow, StreamStore
+from relay.streams.producer import Outgoing, SlotProducer, StreamGone, StreamServer
+
+log = structlog.get_logger("relay.streams")
+
+# Bytes of bodies per publish frame (the connection's frame_max is 1 MiB).
+FRAME_BODY_BYTES = 512 * 1024
+# The longest pause between looks of an idle slot: the most a row for a stream waits.
+IDLE_MAX_S = 0.5
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """slots: producer names shared by every relay (the same on all); lease_s: how long a
+    relay that stopped answering keeps its slots; batch: rows per round; idle_s: the pause when
+    a slot has nothing to send; confirm_timeout_s: how long a send waits for answers."""
+
+    server: StreamServer
+    producer_prefix: str
+    slots: int = 4
+    lease_s: float = 10.0
+    batch: int = 1000
+    idle_s: float = 0.05
+    confirm_timeout_s: float = 10.0
+
+
+class StreamWorker:
+    """Runs until cancelled; `open_store()` gives a StreamStore on a connection of its own."""
+
+    def __init__(self, config: StreamConfig,
+                 open_store: Callable[[], Awaitable[StreamStore]]) -> None:
+        self.config = config
+        self._open_store = open_store
+        self._slots: dict[int, asyncio.Task[None]] = {}
+        self.published = 0
+
+    async def run(self) -> None:
+        """Share the slots with the other relays, each owned slot in a task of its own."""
+        cfg = self.config
+        store = await self._open_store()
+        try:
+            await store.ensure_slots(cfg.slots)
+            while True:
+                try:
+                    await self._rebalance(store)
+                except RelayError as exc:
+                    log.warning("stream_slots_unavailable", error=str(exc))
+                await asyncio.sleep(cfg.lease_s / 4)
+        finally:
+            for task in self._slots.values():
+                task.cancel()
+            for task in self._slots.values():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            with contextlib.suppress(Exception):
+                await store.close()
+
+    async def close(self) -> None:
+        """Nothing to close: run() closes what it opened when cancelled."""
+
+    async def _rebalance(self, store: StreamStore) -> None:
+        cfg = self.config
+        for slot, task in list(self._slots.items()):
+            if task.done():
+                del self._slots[slot]
+        relays = await store.heartbeat(cfg.lease_s)
+        share = math.ceil(cfg.slots / max(relays, 1))
+        while len(self._slots) < share:
+            taken = await store.take_slot(cfg.lease_s, cfg.slots)
+            if taken is None:
+                break
+            log.info("stream_slot_taken", slot=taken, relays=relays)
+            self._slots[taken] = asyncio.create_task(self._own(taken))
+        if len(self._slots) > share:  # another relay came: give back the highest
+            highest = max(self._slots)
+            self._slots.pop(highest).cancel()
+            log.info("stream_slot_given_back", slot=highest, relays=relays)
+
+    async def _own(self, slot: int) -> None:
+        """One slot's loop, from takeover until the lease is lost or the task cancelled."""
+        cfg = self.config
+        store = await self._open_store()
+        producer = SlotProducer(cfg.server, f"{cfg.producer_prefix}-{slot}")
+        try:
+            await producer.start()
+            for stream in await store.streams_of(slot):
+                last = await producer.last_stored(stream)
+                settled = await store.settle_stored(slot, stream, last)
+                if settled:
+                    log.info("stream_rows_stored_before", slot=slot, stream=stream,
+                             last_publishing_id=last, rows=settled)
+            idle = cfg.idle_s
+            while True:
+                assigned = await store.assign(slot, cfg.lease_s, cfg.batch)
+                if assigned is None:
+                    log.warning("stream_slot_lease_lost", slot=slot)
+                    return
+                rows = await store.assigned(slot, cfg.batch)
+                if not rows:
+                    # Nothing to send: look again soon, less often the longer it stays so.
+                    await asyncio.sleep(idle)
+                    idle = min(idle * 2, IDLE_MAX_S, cfg.lease_s / 3)
+                    continue
+                idle = cfg.idle_s
+                await self._send(store, producer, rows)
+        except (RelayError, OSError, ConnectionError) as exc:
+            log.warning("stream_slot_failed", slot=slot, error=str(exc) or repr(exc))
+            await asyncio.sleep(1.0)
+        except Exception as exc:  # a bug or a client library surprise: said, slot given back
+            log.error("stream_slot_failed", slot=slot, error=repr(exc), exc_info=True)
+            await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await producer.close()
+            with contextlib.suppress(Exception):
+                await store.release(slot)
+            with contextlib.suppress(Exception):
+                await store.close()
+
+    async def _send(self, store: StreamStore, producer: SlotProducer,
+                    rows: list[StreamRow]) -> None:
+        for stream, group in groupby(rows, key=lambda r: r.stream):
+            for frame in _frames(list(group)):
+                try:
+                    result = await producer.send(stream, frame, self.config.confirm_timeout_s)
+                except StreamGone as exc:
+                    log.warning("stream_missing", stream=stream, error=str(exc))
+                    break
+                await store.settle(result.confirmed)
+                await store.reassign(result.refused)
+                self.published += len(result.confirmed)
+                if result.refused:
+                    log.warning("stream_rows_refused", stream=stream, rows=len(result.refused))
+                if result.unanswered:
+                    # Sent again, same ids, next round; later frames would skip past them.
+                    log.warning("stream_rows_unanswered", stream=stream,
+                                rows=len(result.unanswered))
+                    return
+
+
+def _frames(rows: list[StreamRow]) -> list[list[Outgoing]]:
+    """The rows in publish frames of at most FRAME_BODY_BYTES of bodies each."""
+    frames: list[list[Outgoing]] = [[]]
+    size = 0
+    for r in rows:
+        if frames[-1] and size + len(r.body) > FRAME_BODY_BYTES:
+            frames.append([])
+            size = 0
+        frames[-1].append(Outgoing(r.id, r.body, r.publishing_id))
+        size += len(r.body)
+    return [f for f in frames if f]

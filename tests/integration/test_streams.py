@@ -1,0 +1,122 @@
+"""Rows for RabbitMQ streams (docs/streams.md) against the real servers: a relay with
+RELAY_STREAMS=true sends the rows of the stream table over the stream protocol, each once; a
+relay that takes a producer over after its owner died (the broker had stored a batch, the
+owner had not deleted its rows) sends none of them again; rows for a stream that does not exist
+wait for it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relay.streams.producer import Outgoing, SlotProducer, StreamServer
+from tests.helpers import Env, count_rows, pg_execute, pg_fetch, wait_until
+from tests.kit.stream import CREDENTIALS, STREAM_HOST, STREAM_PORT, a_stream, read_stream
+
+STREAM_TABLE = "queue_message_stream"
+SERVER = StreamServer(STREAM_HOST, STREAM_PORT, **CREDENTIALS)
+
+
+@pytest.fixture
+async def stream() -> AsyncIterator[str]:
+    async with a_stream(f"relay-test-{uuid.uuid4().hex[:10]}") as name:
+        yield name
+
+
+async def insert_stream_rows(dsn: str, stream: str, n: int) -> list[str]:
+    """n rows for `stream` (the producer's INSERT, as docs/streams.md shows it)."""
+    rows = await pg_fetch(
+        dsn, "INSERT INTO queue_message_stream (stream, content) "
+        "SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, $2) AS g "
+        "RETURNING id::text", stream, n)
+    return [r["id"] for r in rows]
+
+
+async def test_streams__every_row_once_in_the_stream_in_row_order(
+    env: Env, stream: str, start_relay
+) -> None:
+    ids = await insert_stream_rows(env.pg_dsn, stream, 500)
+    start_relay(streams="true", stream_producers=1)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    got = await read_stream(stream, at_least=500)
+    assert [m["id"] for m in got] == ids, "each row once, in the order of the rows (one slot)"
+    assert [m["message_id"] for m in got] == ids
+    assert [json.loads(m["body"])["n"] for m in got] == list(range(1, 501))
+
+
+async def _empty(dsn: str) -> bool:
+    return await count_rows(dsn, STREAM_TABLE) == 0
+
+
+async def test_streams__a_takeover_settles_what_the_broker_stored_without_sending_it_again(
+    env: Env, stream: str, start_relay, tmp_path: Path
+) -> None:
+    """The owner of slot 0 gave 300 rows their publishing ids, sent the first 200, the broker
+    stored them, and it died before deleting them. The relay that takes slot 0 over asks the
+    broker, deletes those 200 unsent, and sends the last 100."""
+    ids = await insert_stream_rows(env.pg_dsn, stream, 300)
+    # What the dead owner's assignment left: slot 0, publishing ids 1..300 in row order.
+    await pg_execute(env.pg_dsn, "INSERT INTO queue_message_stream_slots (slot) VALUES (0)")
+    await pg_execute(
+        env.pg_dsn, "UPDATE queue_message_stream AS t SET slot = 0, publishing_id = o.n "
+        "FROM (SELECT id, row_number() OVER (ORDER BY seq) AS n FROM queue_message_stream) o "
+        "WHERE t.id = o.id")
+    await pg_execute(env.pg_dsn, "INSERT INTO queue_message_stream_seq VALUES (0, $1, 300)",
+                     stream)
+    rows = await pg_fetch(env.pg_dsn, "SELECT id::text, content::text, publishing_id "
+                          "FROM queue_message_stream ORDER BY publishing_id")
+    owner = SlotProducer(SERVER, "queue_message-0")
+    await owner.start()
+    try:
+        result = await owner.send(stream, [Outgoing(r["id"], r["content"].encode(),
+                                                    r["publishing_id"]) for r in rows[:200]],
+                                  timeout_s=20)
+        assert len(result.confirmed) == 200
+        assert await owner.last_stored(stream) == 200
+    finally:
+        await owner.close()
+    relay = start_relay(streams="true", stream_producers=1)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    got = await read_stream(stream, at_least=300)
+    assert [m["id"] for m in got] == ids, "the stored 200 not again, the other 100 once"
+    said = [e for e in relay.log_events() if e.get("event") == "stream_rows_stored_before"]
+    assert [(e["last_publishing_id"], e["rows"]) for e in said] == [(200, 200)]
+
+
+async def test_streams__a_row_sent_again_with_its_id_is_dropped_by_the_broker(
+    stream: str
+) -> None:
+    """The contract the design rests on (rstream and the broker): a named producer's message
+    with a publishing id at or below the last stored is confirmed and not written, also from
+    a new connection."""
+    for attempt in range(2):
+        producer = SlotProducer(SERVER, "relay-test-dedupe")
+        await producer.start()
+        try:
+            result = await producer.send(stream, [Outgoing(f"m{i}", b"{}", i)
+                                                  for i in range(1, 11)], timeout_s=20)
+            assert len(result.confirmed) == 10, (attempt, result)
+            assert await producer.last_stored(stream) == 10
+        finally:
+            await producer.close()
+    got = await read_stream(stream, at_least=10)
+    assert [m["id"] for m in got] == [f"m{i}" for i in range(1, 11)]
+
+
+async def test_streams__rows_for_a_missing_stream_wait_for_it(env: Env, start_relay) -> None:
+    name = f"relay-test-{uuid.uuid4().hex[:10]}"
+    ids = await insert_stream_rows(env.pg_dsn, name, 20)
+    relay = start_relay(streams="true", stream_producers=1)
+    await wait_until(lambda: any(e.get("event") == "stream_missing"
+                                 for e in relay.log_events()), timeout_s=30,
+                     what="the relay saying the stream is missing")
+    assert await count_rows(env.pg_dsn, STREAM_TABLE) == 20
+    async with a_stream(name):
+        await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+                         what="the stream table emptied once the stream exists")
+        got = await read_stream(name, at_least=20)
+    assert [m["id"] for m in got] == ids
