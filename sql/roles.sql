@@ -66,6 +66,16 @@ GRANT EXECUTE ON FUNCTION {archive_partitions_fn}(integer) TO {relay_role};
 GRANT EXECUTE ON FUNCTION {archive_drop_fn}(timestamptz) TO {relay_role};
 -- `relay run` refuses a schema older than it needs: it reads which migrations are applied.
 GRANT SELECT ON {migrations} TO {relay_role};
+-- Rows for RabbitMQ streams (sql/migrations/0017, docs/streams.md): producers insert a stream
+-- and a content, never a slot or a publishing id; the relay gives those, deletes what the
+-- broker confirmed, and keeps the slots' leases and the ids given.
+REVOKE INSERT ON {stream_table} FROM {producer_role};
+GRANT INSERT (id, stream, content) ON {stream_table} TO {producer_role};
+REVOKE INSERT, UPDATE ON {stream_table} FROM {relay_role};
+GRANT SELECT, DELETE ON {stream_table} TO {relay_role};
+GRANT UPDATE (slot, publishing_id) ON {stream_table} TO {relay_role};
+GRANT SELECT, INSERT, UPDATE ON {stream_slots}, {stream_seq} TO {relay_role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {stream_relays} TO {relay_role};
 
 -- Neither role draws from the seq sequence (identity defaults need no grant; settling copies
 -- seq): take back what older versions of this file granted.

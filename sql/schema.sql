@@ -725,14 +725,14 @@ CREATE TABLE public.queue_message_stream_seq (
     last_id bigint NOT NULL
 );
 
-CREATE SEQUENCE public.queue_message_stream_seq_seq
+ALTER TABLE public.queue_message_stream ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.queue_message_stream_seq_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
     NO MAXVALUE
-    CACHE 1;
-
-ALTER SEQUENCE public.queue_message_stream_seq_seq OWNED BY public.queue_message_stream.seq;
+    CACHE 1
+);
 
 CREATE TABLE public.queue_message_stream_slots (
     slot integer NOT NULL,
@@ -745,8 +745,6 @@ CREATE TABLE public.relay_migrations (
     version text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
-
-ALTER TABLE ONLY public.queue_message_stream ALTER COLUMN seq SET DEFAULT nextval('public.queue_message_stream_seq_seq'::regclass);
 
 ALTER TABLE ONLY public.queue_message_archive
     ADD CONSTRAINT queue_message_archive_pkey PRIMARY KEY (id);

@@ -9,7 +9,7 @@
 -- sent again after a crash (same slot, same id) is never written twice.
 CREATE TABLE IF NOT EXISTS {stream_table} (
     id            uuid        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
-    seq           bigserial   NOT NULL,
+    seq           bigint      GENERATED ALWAYS AS IDENTITY,
     stream        text        NOT NULL CHECK (stream <> '' AND octet_length(stream) <= 255),
     content       jsonb       NOT NULL,
     created_at    timestamptz NOT NULL DEFAULT now(),

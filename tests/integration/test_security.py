@@ -266,3 +266,35 @@ async def _admin_insert(env: Env, exchange: str) -> str:
 
 async def _dead_count(env: Env, n: int) -> bool:
     return await count_rows(env.pg_dsn, "queue_message_dead") == n
+
+
+async def test_roles__stream_rows_by_the_producer_role_sent_by_the_relay_role(
+    env: Env, roles: Roles, start_relay
+) -> None:
+    """The stream table (docs/streams.md) under the same roles: a producer inserts a stream and
+    a content and nothing else; the relay role gives slots and ids, sends and deletes."""
+    from tests.kit.stream import a_stream, read_stream
+
+    async with a_stream(f"relay-test-{secrets.token_hex(5)}") as stream:
+        async with pg_session(as_user(env.pg_dsn, roles.producer_login)) as producer:
+            # Hand-written INSERTs: what the producer role may write is the subject.
+            await producer.executemany(
+                "INSERT INTO queue_message_stream (stream, content) VALUES ($1, $2)",
+                [(stream, json.dumps({"n": i})) for i in range(10)])
+            for sql in ("INSERT INTO queue_message_stream (stream, content, slot, publishing_id)"
+                        " VALUES ('s', '{}', 0, 1)",
+                        "SELECT count(*) FROM queue_message_stream",
+                        "DELETE FROM queue_message_stream",
+                        "UPDATE queue_message_stream_slots SET owner = 'me'"):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await producer.execute(sql)
+        relay = start_relay(pg_dsn=as_user(env.pg_dsn, roles.relay_login), streams="true",
+                            stream_producers=1)
+        got = await read_stream(stream, at_least=10)
+        assert sorted(json.loads(m["body"])["n"] for m in got) == list(range(10))
+        await wait_until(lambda: _stream_empty(env), what="stream rows deleted by the relay role")
+        assert relay.terminate() == 0
+
+
+async def _stream_empty(env: Env) -> bool:
+    return await count_rows(env.pg_dsn, "queue_message_stream") == 0
