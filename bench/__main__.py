@@ -6,7 +6,8 @@ latency, producers, fairness. Beside them, scenarios with reports of their own, 
 own options after `--`: spark (the Spark writers, bench/spark/run.py), trace-picture (README's
 trace picture, bench/trace_picture.py), compare (two builds back to back, bench/compare.py) and
 prune (retention of a large archive, by DELETE or by dropping days, bench/prune.py) and
-inbox (a consumer with and without the inbox, bench/inbox.py).
+inbox (a consumer with and without the inbox, bench/inbox.py) and streams (rows into a stream
+beside a classic queue, bench/streams.py).
 
 Writes results.json (every scenario's runs, each with its date, command and load average) and
 RESULTS.md into --out (default: bench/ for a full run, a temporary folder for --smoke); a run
@@ -298,7 +299,8 @@ SUITE: dict[str, Callable[[Plan], Awaitable[dict[str, Any]]]] = {
 }
 # Scenarios with reports of their own (their options follow `--`).
 OWN_REPORTS = {"spark": "bench.spark.run", "trace-picture": "bench.trace_picture",
-               "compare": "bench.compare", "prune": "bench.prune", "inbox": "bench.inbox"}
+               "compare": "bench.compare", "prune": "bench.prune", "inbox": "bench.inbox",
+               "streams": "bench.streams"}
 
 
 async def run_scenarios(plan: Plan, names: list[str]) -> dict[str, Any]:
