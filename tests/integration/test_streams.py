@@ -120,3 +120,29 @@ async def test_streams__rows_for_a_missing_stream_wait_for_it(env: Env, start_re
                          what="the stream table emptied once the stream exists")
         got = await read_stream(name, at_least=20)
     assert [m["id"] for m in got] == ids
+
+
+async def test_streams__two_relays_share_the_producer_slots(
+    env: Env, stream: str, start_relay
+) -> None:
+    """Four slots, two relays: the first takes all four, and gives two back when the second
+    arrives; rows still go once."""
+    first = start_relay(streams="true", stream_lease_s=2)
+    await wait_until(lambda: _owners(env.pg_dsn, {4}), timeout_s=30,
+                     what="the first relay owning the four slots")
+    second = start_relay(streams="true", stream_lease_s=2)
+    await wait_until(lambda: _owners(env.pg_dsn, {2}), timeout_s=30,
+                     what="two relays owning two slots each")
+    ids = await insert_stream_rows(env.pg_dsn, stream, 2000)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    got = await read_stream(stream, at_least=2000)
+    assert sorted(m["id"] for m in got) == sorted(ids)
+    assert any(e.get("event") == "stream_slot_given_back" for e in first.log_events())
+    assert second.alive()
+
+
+async def _owners(dsn: str, counts: set[int]) -> bool:
+    """Every owning relay holds one of `counts` slots, and all four are owned."""
+    rows = await pg_fetch(dsn, "SELECT owner, count(*) AS n FROM queue_message_stream_slots "
+                          "WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner")
+    return sum(r["n"] for r in rows) == 4 and {r["n"] for r in rows} == counts
