@@ -976,3 +976,10 @@ UPDATE {stream_table} SET slot = NULL, publishing_id = NULL WHERE id = ANY ($1::
 
 -- name: stream_backlog
 SELECT count(*)::bigint FROM {stream_table}
+
+-- name: stream_status
+-- `relay status`: rows waiting for their streams, and how long the oldest has waited.
+SELECT count(*)::bigint AS stream_rows,
+       LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0), 0),
+             3155760000)::float8 AS stream_oldest_age_s
+FROM {stream_table}

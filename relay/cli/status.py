@@ -51,6 +51,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
         ("delayed rows", f"{doc['delayed']:,}"),
         ("rows retrying", f"{doc['retrying']:,}"),
         ("recurring rows", f"{doc.get('recurring', 0):,}"),
+        ("rows for streams", f"{doc.get('stream_rows', 0):,}"
+         + (f", oldest {human_s(doc['stream_oldest_age_s'])}" if doc.get("stream_rows") else "")),
         ("dead letters", f"{doc['dead']:,}"),
     ]
     rows += [(f"  {reason}", f"{n:,}") for reason, n in doc["dead_by_reason"].items()]

@@ -133,6 +133,7 @@ def render(doc: dict[str, Any], broker_node: tuple[str | None, int] | None = Non
         _card("Delayed rows", f"{doc['delayed']:,}"),
         _card("Rows retrying", f"{doc['retrying']:,}"),
         _card("Recurring rows", f"{doc.get('recurring', 0):,}"),
+        _card("Rows for streams", f"{doc.get('stream_rows', 0):,}"),
     ]
     if broker_node is not None:
         node, failovers = broker_node

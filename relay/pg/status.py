@@ -76,7 +76,10 @@ class StatusReader:
             relays = await conn.fetchval(q["relay_sessions"])
             notify = await conn.fetchval(q["notify_mode"])
             parts = await conn.fetch(q["archive_partition_list"])
+            streams = await conn.fetchrow(q["stream_status"])
         figures.update(dict(traffic) if traffic else {"inserted_total": 0, "removed_total": 0})
+        # Rows for RabbitMQ streams (docs/streams.md), waiting in their own table.
+        figures.update(dict(streams))
         by_reason = {r["reason"]: int(r["n"]) for r in reasons}
         figures["relays"] = int(relays)
         figures["notify_mode"] = notify

@@ -7,6 +7,7 @@ wait for it."""
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from relay.streams.producer import Outgoing, SlotProducer, StreamServer
-from tests.helpers import Env, count_rows, pg_execute, pg_fetch, wait_until
+from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_fetch, wait_until
 from tests.kit.stream import CREDENTIALS, STREAM_HOST, STREAM_PORT, a_stream, read_stream
 
 STREAM_TABLE = "queue_message_stream"
@@ -46,6 +47,14 @@ async def test_streams__every_row_once_in_the_stream_in_row_order(
     assert [m["id"] for m in got] == ids, "each row once, in the order of the rows (one slot)"
     assert [m["message_id"] for m in got] == ids
     assert [json.loads(m["body"])["n"] for m in got] == list(range(1, 501))
+
+
+def relay_status(env: Env) -> dict[str, object]:
+    """`relay status --json` for the test's table."""
+    done = subprocess.run([RELAY_BIN, "status", "--json"], env=env.relay_env(),
+                          capture_output=True, text=True, timeout=60, check=True)
+    doc: dict[str, object] = json.loads(done.stdout)
+    return doc
 
 
 async def _empty(dsn: str) -> bool:
@@ -115,6 +124,9 @@ async def test_streams__rows_for_a_missing_stream_wait_for_it(env: Env, start_re
                                  for e in relay.log_events()), timeout_s=30,
                      what="the relay saying the stream is missing")
     assert await count_rows(env.pg_dsn, STREAM_TABLE) == 20
+    doc = relay_status(env)
+    assert doc["stream_rows"] == 20, "relay status counts the rows waiting for streams"
+    assert isinstance(doc["stream_oldest_age_s"], float)
     async with a_stream(name):
         await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
                          what="the stream table emptied once the stream exists")
