@@ -17,25 +17,17 @@ import pytest
 
 from relay.inbox import ConsumerConfig, InboxConsumer, InboxError, migrate
 from tests.helpers import RELAY_BIN, Env, pg_execute, pg_fetch, pg_fetchval, pg_session, wait_until
+from tests.kit.inbox_consumer import BUSINESS_TABLE, record_order
 from tests.kit.producer import insert_rows
-
-BUSINESS = "CREATE TABLE orders (message_id text NOT NULL, n int NOT NULL)"
 
 
 @pytest.fixture
 async def consumer_db(empty_db: str) -> str:
     """The consumer's own database: its business table and the inbox."""
     async with pg_session(empty_db) as conn:
-        await conn.execute(BUSINESS)
+        await conn.execute(BUSINESS_TABLE)
         await migrate(conn)
     return empty_db
-
-
-async def record_order(message: aio_pika.abc.AbstractIncomingMessage, conn: Any) -> None:
-    """The business write: one row per handled message (no unique key: a second run would show)."""
-    await conn.execute("INSERT INTO orders VALUES ($1, $2)",
-                       message.headers.get("x-outbox-id") or message.message_id,
-                       len(message.body))
 
 
 @asynccontextmanager
