@@ -974,9 +974,6 @@ DELETE FROM {stream_table} WHERE id = ANY ($1::uuid[])
 -- may be at or below what the broker stored since, and would be dropped).
 UPDATE {stream_table} SET slot = NULL, publishing_id = NULL WHERE id = ANY ($1::uuid[])
 
--- name: stream_backlog
-SELECT count(*)::bigint FROM {stream_table}
-
 -- name: stream_status
 -- `relay status`: rows waiting for their streams, and how long the oldest has waited.
 SELECT count(*)::bigint AS stream_rows,

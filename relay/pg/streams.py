@@ -114,8 +114,3 @@ class StreamStore:
         if ids:
             with translated("reassigning refused stream rows"):
                 await self._conn.execute(self.q["stream_reassign"], ids)
-
-    async def backlog(self) -> int:
-        """Rows waiting in the stream table."""
-        with translated("counting stream rows"):
-            return int(await self._conn.fetchval(self.q["stream_backlog"]))

@@ -61,7 +61,6 @@ class StreamWorker:
         self.config = config
         self._open_store = open_store
         self._slots: dict[int, asyncio.Task[None]] = {}
-        self.published = 0
 
     async def run(self) -> None:
         """Share the slots with the other relays, each owned slot in a task of its own."""
@@ -157,7 +156,6 @@ class StreamWorker:
                     break
                 await store.settle(result.confirmed)
                 await store.reassign(result.refused)
-                self.published += len(result.confirmed)
                 if result.refused:
                     log.warning("stream_rows_refused", stream=stream, rows=len(result.refused))
                 if result.unanswered:
