@@ -46,9 +46,12 @@ def free_port() -> int:
 def remove_stale(prefix: str, bin_dir: Path | None = None) -> list[Path]:
     """Stop and remove the clusters an earlier, killed run left in the temporary folder under
     `prefix` (the next run's start cleans up), with the server tools they were made with
-    (`bin_dir`, else the machine's); return the folders removed."""
+    (`bin_dir`, else the machine's); return the folders removed. A cluster whose maker still
+    runs is another run's and is left alone."""
     removed = []
     for root in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        if _owner_alive(root):
+            continue  # another run's, still in use: never take a live run's server away
         data = root / "data"
         if (data / "postmaster.pid").exists():
             as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -58,6 +61,24 @@ def remove_stale(prefix: str, bin_dir: Path | None = None) -> list[Path]:
         shutil.rmtree(root, ignore_errors=True)
         removed.append(root)
     return removed
+
+
+OWNER_FILE = "owner.pid"
+
+
+def _owner_alive(root: Path) -> bool:
+    """Whether the process that made the cluster in `root` still runs."""
+    try:
+        pid = int((root / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return False  # made before owners were noted, or half made: stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class PrivateCluster:
@@ -70,6 +91,7 @@ class PrivateCluster:
                  max_connections: int = 50, bin_dir: Path | None = None) -> None:
         self.bin_dir = bin_dir
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        (self.root / OWNER_FILE).write_text(str(os.getpid()))
         self.durable = durable
         self.max_connections = max_connections
         self.data = self.root / "data"
