@@ -23,9 +23,8 @@ from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, pg_fetchval, 
 from tests.kit.inbox_consumer import BUSINESS_TABLE
 from tests.kit.producer import fresh_ids, insert_with_ids
 
-# 100,000 rows take 4 to 5 minutes on a 2-core machine (the consumer's commits, about 400 a
-# second beside two relays started and killed every second, the servers and the restarts, set
-# the pace): RELAY_CHAOS_INBOX_ROWS=100000 runs that; CI runs 20,000 (about a minute).
+# 100,000 rows took 54 s on a quiet 2-core machine and 4 to 5 minutes on a loaded one (the
+# consumer's commits set the pace): RELAY_CHAOS_INBOX_ROWS=100000 runs that; CI runs 20,000.
 ROWS = int(os.environ.get("RELAY_CHAOS_INBOX_ROWS", "20000"))
 WAVE_ROWS = max(500, ROWS // 20)
 DEADLINE_S = 60.0 + ROWS / 150
