@@ -5,9 +5,9 @@ Suite scenarios (each on a database and queue of its own): limits, drain, pinned
 latency, producers, fairness. Beside them, scenarios with reports of their own, each taking its
 own options after `--`: spark (the Spark writers, bench/spark/run.py), trace-picture (README's
 trace picture, bench/trace_picture.py), compare (two builds back to back, bench/compare.py) and
-prune (retention of a large archive, by DELETE or by dropping days, bench/prune.py) and
-inbox (a consumer with and without the inbox, bench/inbox.py) and streams (rows into a stream
-beside a classic queue, bench/streams.py).
+prune (retention of a large archive, by DELETE or by dropping days, bench/prune.py), inbox (a
+consumer with and without the inbox) and streams (rows into a stream beside a classic queue; both
+bench/once.py).
 
 Writes results.json (every scenario's runs, each with its date, command and load average) and
 RESULTS.md into --out (default: bench/ for a full run, a temporary folder for --smoke); a run
@@ -299,8 +299,8 @@ SUITE: dict[str, Callable[[Plan], Awaitable[dict[str, Any]]]] = {
 }
 # Scenarios with reports of their own (their options follow `--`).
 OWN_REPORTS = {"spark": "bench.spark.run", "trace-picture": "bench.trace_picture",
-               "compare": "bench.compare", "prune": "bench.prune", "inbox": "bench.inbox",
-               "streams": "bench.streams"}
+               "compare": "bench.compare", "prune": "bench.prune",
+               "inbox": "bench.once:inbox_main", "streams": "bench.once:streams_main"}
 
 
 async def run_scenarios(plan: Plan, names: list[str]) -> dict[str, Any]:
@@ -459,12 +459,14 @@ async def versions() -> dict[str, str]:
     return out
 
 
-def _own_report(module: str, rest: list[str]) -> int:
-    """A scenario with a report of its own: its module's main, given the options after `--`."""
+def _own_report(target: str, rest: list[str]) -> int:
+    """A scenario with a report of its own: its module's main (or the function named after
+    `module:`), given the options after `--`."""
     import importlib
 
+    module, _, function = target.partition(":")
     sys.argv = [f"python -m {module}", *(rest[1:] if rest[:1] == ["--"] else rest)]
-    importlib.import_module(module).main()
+    getattr(importlib.import_module(module), function or "main")()
     return 0
 
 

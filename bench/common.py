@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -462,14 +463,17 @@ def load_before() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def one_off(module: str, *, rates: str | None = None, runs: int | None = None,
-            seconds: float | None = None, out: Path | None = None, quiet_below: float = 1.0,
+def one_off(module: str, *, scenario: str | None = None, rates: str | None = None,
+            runs: int | None = None, seconds: float | None = None, out: Path | None = None,
+            quiet_below: float = 1.0,
             options: dict[str, dict[str, Any]] | None = None,
             ) -> tuple[argparse.Namespace, OneOff]:
     """A one-off script's command line, parsed, and its run: --out and --quiet-below always;
     --rates (parsed into pairs), --runs and --seconds where a default is given; `options` are
-    the script's own (flag -> add_argument keywords)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    the script's own (flag -> add_argument keywords). `scenario`: the name `python -m bench
+    --scenario` runs it by, where a module holds more than one."""
+    prog = f"python -m bench --scenario {scenario} --" if scenario else f"python -m {module}"
+    parser = argparse.ArgumentParser(prog=prog)
     for flag, kwargs in (options or {}).items():
         parser.add_argument(flag, **kwargs)
     if rates is not None:
@@ -485,7 +489,7 @@ def one_off(module: str, *, rates: str | None = None, runs: int | None = None,
                         help="wait (up to 2 min) for the 1-minute load average to fall under "
                         "this before each run")
     args = parser.parse_args()
-    return args, OneOff(module)
+    return args, OneOff(module, prog)
 
 
 @dataclass
@@ -494,13 +498,14 @@ class OneOff:
     started it, when, the load average then, and its results file."""
 
     module: str
+    prog: str = ""  # how it was started, when not `python -m <module>`
     started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     load: list[float] = field(default_factory=load_before)
 
     @property
     def command(self) -> str:
         """The command line, as a reader would type it."""
-        return f"python -m {self.module} " + shlex.join(sys.argv[1:])
+        return f"{self.prog or 'python -m ' + self.module} " + shlex.join(sys.argv[1:])
 
     def header(self, title: str, *details: str) -> list[str]:
         """The first lines of the results file: what wrote it, when, where, on what load."""
@@ -515,3 +520,36 @@ class OneOff:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         print(f"wrote {out}")
+
+
+async def alternate(runs: int, kinds: dict[str, Callable[[], Awaitable[dict[str, Any]]]],
+                    key: str, quiet_below: float) -> list[dict[str, Any]]:
+    """Run each of `kinds` in turn, `runs` times (a, b, a, b...), each after the machine is
+    quiet; one record per run, its kind under `key`, printed as it comes."""
+    out = []
+    for i in range(runs):
+        for kind, once in kinds.items():
+            await wait_quiet(quiet_below)
+            record = {key: kind, "run": i + 1, **await once()}
+            print(json.dumps(record), flush=True)
+            out.append(record)
+    return out
+
+
+def alternation_table(records: list[dict[str, Any]], key: str, size: str, base: str,
+                      subject: str) -> list[str]:
+    """Every run of an alternation (`key`: `base` or `subject`; `size`: the run's rows or
+    messages), then `subject` over `base` run by run and their median."""
+    lines = [f"| run | {key} | {size} | seconds | msg/s | load before |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r[key]} | {r[size]:,} | {r['seconds']} | {r['msg_per_s']:,.0f} "
+              f"| {r['load_before'][0]} |" for r in records]
+    pairs: dict[int, dict[str, float]] = {}
+    for r in records:
+        pairs.setdefault(r["run"], {})[r[key]] = r["msg_per_s"]
+    ratios = [p[subject] / p[base] for p in pairs.values() if {base, subject} <= p.keys()]
+    if ratios:
+        lines += ["", f"{subject} over {base}, run by run: "
+                  + ", ".join(f"{x:.2f}" for x in ratios)
+                  + f" (median {statistics.median(ratios):.2f})."]
+    return lines

@@ -25,6 +25,7 @@ import uvloop
 from bench.common import (
     DEFAULT_MODE,
     OneOff,
+    alternation_table,
     builds,
     one_off,
     one_off_env,
@@ -59,20 +60,6 @@ async def compare_drains(before_src: str, rows: int, runs: int, quiet_below: flo
                 result = await drain_once(env, rows)
                 records.add({"build": build, "run": i + 1, "rows": rows, **result})
     return records
-
-
-def drain_table(records: list[dict[str, Any]]) -> list[str]:
-    """Every drain run, then the median msg/s per build."""
-    lines = ["## Drains", "", "| build | rows | run | msg/s | load before |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['build']} | {r['rows']} | {r['run']} | {r['msg_per_s']} | "
-              f"{r.get('load_before')} |" for r in records]
-    lines += ["", "| build | median msg/s |", "|---|---|"]
-    for build in ("before", "after"):
-        rates = [r["msg_per_s"] for r in records if r["build"] == build]
-        if rates:
-            lines.append(f"| {build} | {statistics.median(rates):.0f} |")
-    return lines
 
 
 def _revision(folder: str | None = None) -> str:
@@ -125,7 +112,8 @@ def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
         "how late a 1 ms timer wakes")
     lines += latency_tables(records, "build", ("before", "after"))
     if drains:
-        lines += ["", *drain_table(drains)]
+        lines += ["", "## Drains", "",
+                  *alternation_table(drains, "build", "rows", "before", "after")]
     return "\n".join(lines) + "\n"
 
 

@@ -104,3 +104,28 @@ def test_flatten__joins_each_scenarios_runs_into_the_suites_raw_results() -> Non
     assert [d["kind"] for d in raw["drain"]] == ["scale", "pinned"]
     assert raw["limits"] == {"bulk_frames": [1]}
     assert (raw["producers"], raw["triggers"], raw["latency"]) == ([{"p": 1}], [{"t": 1}], [])
+
+
+def test_a_scenario_of_the_bench_command__is_named_by_the_command_that_runs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["x", "--rows", "10"])
+    _, run = one_off("bench.once", scenario="streams", out=Path("s.md"),
+                     options={"--rows": {"type": int}})
+    assert run.command == "python -m bench --scenario streams -- --rows 10"
+
+
+def test_an_alternation__every_run_then_the_ratio_run_by_run_and_its_median() -> None:
+    from bench.common import alternation_table
+
+    def record(kind: str, run: int, rate: float) -> dict[str, object]:
+        return {"kind": kind, "run": run, "rows": 1000, "seconds": round(1000 / rate, 3),
+                "msg_per_s": rate, "load_before": [0.4, 0.3, 0.2]}
+
+    lines = alternation_table([record("a", 1, 100.0), record("b", 1, 150.0),
+                               record("a", 2, 200.0), record("b", 2, 100.0),
+                               record("a", 3, 100.0)], "kind", "rows", "a", "b")
+    assert lines[2] == "| 1 | a | 1,000 | 10.0 | 100 | 0.4 |"
+    assert len([line for line in lines if line.startswith("| ")]) == 6
+    # Run 3 has no b: no ratio of it.
+    assert lines[-1] == "b over a, run by run: 1.50, 0.50 (median 1.00)."
