@@ -974,9 +974,23 @@ DELETE FROM {stream_table} WHERE id = ANY ($1::uuid[])
 -- may be at or below what the broker stored since, and would be dropped).
 UPDATE {stream_table} SET slot = NULL, publishing_id = NULL WHERE id = ANY ($1::uuid[])
 
+-- name: stream_park
+-- Rows that can never be sent ($1: ids) move to the stream dead letters with reason $2; how many.
+WITH moved AS (
+    DELETE FROM {stream_table} WHERE id = ANY ($1::uuid[])
+    RETURNING id, stream, content, created_at
+), parked AS (
+    INSERT INTO {stream_dead} (id, stream, content, created_at, reason)
+    SELECT id, stream, content, created_at, $2 FROM moved
+    RETURNING 1
+)
+SELECT count(*)::int FROM parked
+
 -- name: stream_status
--- `relay status`: rows waiting for their streams, and how long the oldest has waited.
+-- `relay status`: rows waiting for their streams, how long the oldest has waited, and rows
+-- parked because they can never be sent.
 SELECT count(*)::bigint AS stream_rows,
        LEAST(GREATEST(COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0), 0),
-             3155760000)::float8 AS stream_oldest_age_s
+             3155760000)::float8 AS stream_oldest_age_s,
+       (SELECT count(*) FROM {stream_dead})::bigint AS stream_dead_rows
 FROM {stream_table}

@@ -76,6 +76,7 @@ GRANT SELECT, DELETE ON {stream_table} TO {relay_role};
 GRANT UPDATE (slot, publishing_id) ON {stream_table} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE ON {stream_slots}, {stream_seq} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {stream_relays} TO {relay_role};
+GRANT SELECT, INSERT ON {stream_dead} TO {relay_role};
 
 -- Neither role draws from the seq sequence (identity defaults need no grant; settling copies
 -- seq): take back what older versions of this file granted.

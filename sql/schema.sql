@@ -714,6 +714,25 @@ CREATE TABLE public.queue_message_stream (
     CONSTRAINT queue_message_stream_stream_check CHECK (((stream <> ''::text) AND (octet_length(stream) <= 255)))
 );
 
+CREATE TABLE public.queue_message_stream_dead (
+    dead_id bigint NOT NULL,
+    id uuid NOT NULL,
+    stream text NOT NULL,
+    content jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    reason text NOT NULL,
+    dead_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+ALTER TABLE public.queue_message_stream_dead ALTER COLUMN dead_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.queue_message_stream_dead_dead_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.queue_message_stream_relays (
     relay text NOT NULL,
     seen_at timestamp with time zone NOT NULL
@@ -754,6 +773,9 @@ ALTER TABLE ONLY public.queue_message_dead
 
 ALTER TABLE ONLY public.queue_message
     ADD CONSTRAINT queue_message_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.queue_message_stream_dead
+    ADD CONSTRAINT queue_message_stream_dead_pkey PRIMARY KEY (dead_id);
 
 ALTER TABLE ONLY public.queue_message_stream
     ADD CONSTRAINT queue_message_stream_pkey PRIMARY KEY (id);

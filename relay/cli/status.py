@@ -53,6 +53,7 @@ def lines(doc: dict[str, Any]) -> list[str]:
         ("recurring rows", f"{doc.get('recurring', 0):,}"),
         ("rows for streams", f"{doc.get('stream_rows', 0):,}"
          + (f", oldest {human_s(doc['stream_oldest_age_s'])}" if doc.get("stream_rows") else "")),
+        ("stream rows parked", f"{doc.get('stream_dead_rows', 0):,}"),
         ("dead letters", f"{doc['dead']:,}"),
     ]
     rows += [(f"  {reason}", f"{n:,}") for reason, n in doc["dead_by_reason"].items()]

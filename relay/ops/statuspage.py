@@ -134,6 +134,8 @@ def render(doc: dict[str, Any], broker_node: tuple[str | None, int] | None = Non
         _card("Rows retrying", f"{doc['retrying']:,}"),
         _card("Recurring rows", f"{doc.get('recurring', 0):,}"),
         _card("Rows for streams", f"{doc.get('stream_rows', 0):,}"),
+        _card("Stream rows parked", f"{doc.get('stream_dead_rows', 0):,}",
+              warn=bool(doc.get("stream_dead_rows"))),
     ]
     if broker_node is not None:
         node, failovers = broker_node

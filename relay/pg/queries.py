@@ -96,6 +96,7 @@ class TableNames:
             "stream_slots": self._q("_stream_slots"),
             "stream_seq": self._q("_stream_seq"),
             "stream_relays": self._q("_stream_relays"),
+            "stream_dead": self._q("_stream_dead"),  # sql/migrations/0018_stream_dead.sql
             "stream_assigned_check": quote_ident(self.name + "_stream_assigned"),
             "stream_unassigned_idx": quote_ident(self.name + "_stream_unassigned_idx"),
             "stream_assigned_idx": quote_ident(self.name + "_stream_assigned_idx"),

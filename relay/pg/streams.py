@@ -114,3 +114,11 @@ class StreamStore:
         if ids:
             with translated("reassigning refused stream rows"):
                 await self._conn.execute(self.q["stream_reassign"], ids)
+
+    async def park(self, ids: list[str], reason: str) -> int:
+        """Move rows that can never be sent to the stream dead letters with `reason`; how
+        many."""
+        if not ids:
+            return 0
+        with translated("parking stream rows"):
+            return int(await self._conn.fetchval(self.q["stream_park"], ids, reason))

@@ -19,6 +19,16 @@ from rstream import AMQPMessage, ConfirmationStatus, Producer, Properties, Strea
 from relay.errors import BrokerError
 
 OUTBOX_ID_PROPERTY = "x-outbox-id"
+# A publish frame's own bytes, and each message's beside its encoded data (the stream protocol's
+# Publish: size, key, version, publisher id, count; publishing id, length).
+PUBLISH_FRAME_OVERHEAD = 13
+MESSAGE_OVERHEAD = 12
+# What the relay asks for at the connection's tuning: the broker answers with the lower of this
+# and its own `stream.frame_max` (1 MiB by default), so raising that setting is enough.
+ASKED_FRAME_MAX = 256 * 1024 * 1024
+# Our AMQP 1.0 message's properties (message id, content type, x-outbox-id) take far less than
+# this: a row whose body is shorter is never checked further.
+PROPERTIES_MARGIN = 1024
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,8 @@ def _message(row: Outgoing) -> AMQPMessage:
 class SlotProducer:
     """The named producer of one slot, on a connection of its own."""
 
-    def __init__(self, server: StreamServer, name: str, *, frame_max: int = 1024 * 1024) -> None:
+    def __init__(self, server: StreamServer, name: str, *,
+                 frame_max: int = ASKED_FRAME_MAX) -> None:
         self.name = name
         self._producer = Producer(server.host, server.port, username=server.username,
                                   password=server.password, vhost=server.vhost,
@@ -81,6 +92,21 @@ class SlotProducer:
     async def close(self) -> None:
         """Close the connection (unconfirmed messages stay the database's rows)."""
         await self._producer.close()
+
+    async def too_large(self, rows: Sequence[Outgoing]) -> tuple[list[tuple[Outgoing, int]], int]:
+        """The rows whose message alone would not fit in one publish frame of this connection,
+        each with its frame's size; and the connection's frame_max (0: the broker set none)."""
+        limit = int((await self._producer.default_client).frame_max)
+        fixed = PUBLISH_FRAME_OVERHEAD + MESSAGE_OVERHEAD
+        out: list[tuple[Outgoing, int]] = []
+        if limit <= 0:
+            return out, limit
+        for row in rows:
+            if len(row.body) + fixed + PROPERTIES_MARGIN > limit:
+                size = fixed + len(bytes(_message(row)))
+                if size > limit:
+                    out.append((row, size))
+        return out, limit
 
     async def last_stored(self, stream: str) -> int:
         """The highest publishing id the broker stored for this producer name in `stream`

@@ -10,7 +10,8 @@ share (slots / stream relays alive), and for each slot it owns runs one loop:
    transaction;
 3. send the slot's rows in publishing id order, per stream; delete what the broker confirmed
    (a duplicate is confirmed and not written); rows it refused get new ids; rows it did not
-   answer are sent again, same ids, at the next round.
+   answer are sent again, same ids, at the next round; a row too large for any publish frame
+   is parked in the stream dead letters with its reason, never sent.
 
 A lost lease stops the slot's loop at once; the new owner starts at step 1.
 """
@@ -148,7 +149,8 @@ class StreamWorker:
     async def _send(self, store: StreamStore, producer: SlotProducer,
                     rows: list[StreamRow]) -> None:
         for stream, group in groupby(rows, key=lambda r: r.stream):
-            for frame in _frames(list(group)):
+            sendable = await self._park_too_large(store, producer, stream, list(group))
+            for frame in _frames(sendable):
                 try:
                     result = await producer.send(stream, frame, self.config.confirm_timeout_s)
                 except StreamGone as exc:
@@ -163,6 +165,26 @@ class StreamWorker:
                     log.warning("stream_rows_unanswered", stream=stream,
                                 rows=len(result.unanswered))
                     return
+
+
+    async def _park_too_large(self, store: StreamStore, producer: SlotProducer, stream: str,
+                              rows: list[StreamRow]) -> list[StreamRow]:
+        """Park the rows no publish frame of the connection can carry; the others.
+
+        The stream protocol forbids a frame over the frame_max both sides agreed on; a broker
+        that checks closes the connection, and the row, sent again at every try, would hold its
+        slot's later rows for ever (RabbitMQ 3.10 lets such a frame through when it arrives in
+        parts; the relay keeps to the protocol either way)."""
+        outgoing = [Outgoing(r.id, r.body, r.publishing_id) for r in rows]
+        too_large, limit = await producer.too_large(outgoing)
+        for row, size in too_large:
+            await store.park([row.id], f"message of {size:,} bytes is over the stream "
+                             f"connection's frame_max of {limit:,} bytes (raise RabbitMQ's "
+                             "stream.frame_max to send it)")
+            log.error("stream_row_parked", stream=stream, id=row.id, bytes=size,
+                      frame_max=limit)
+        parked = {row.id for row, _ in too_large}
+        return [r for r in rows if r.id not in parked]
 
 
 def _frames(rows: list[StreamRow]) -> list[list[Outgoing]]:

@@ -272,7 +272,8 @@ async def test_roles__stream_rows_by_the_producer_role_sent_by_the_relay_role(
     env: Env, roles: Roles, start_relay
 ) -> None:
     """The stream table (docs/streams.md) under the same roles: a producer inserts a stream and
-    a content and nothing else; the relay role gives slots and ids, sends and deletes."""
+    a content and nothing else; the relay role gives slots and ids, sends and deletes, and parks
+    a row too large for a frame."""
     from tests.kit.stream import a_stream, read_stream
 
     async with a_stream(f"relay-test-{secrets.token_hex(5)}") as stream:
@@ -281,11 +282,15 @@ async def test_roles__stream_rows_by_the_producer_role_sent_by_the_relay_role(
             await producer.executemany(
                 "INSERT INTO queue_message_stream (stream, content) VALUES ($1, $2)",
                 [(stream, json.dumps({"n": i})) for i in range(10)])
+            await producer.execute(
+                "INSERT INTO queue_message_stream (stream, content) "
+                "VALUES ($1, jsonb_build_object('pad', repeat('x', 1100000)))", stream)
             for sql in ("INSERT INTO queue_message_stream (stream, content, slot, publishing_id)"
                         " VALUES ('s', '{}', 0, 1)",
                         "SELECT count(*) FROM queue_message_stream",
                         "DELETE FROM queue_message_stream",
-                        "UPDATE queue_message_stream_slots SET owner = 'me'"):
+                        "UPDATE queue_message_stream_slots SET owner = 'me'",
+                        "SELECT count(*) FROM queue_message_stream_dead"):
                 with pytest.raises(asyncpg.InsufficientPrivilegeError):
                     await producer.execute(sql)
         relay = start_relay(pg_dsn=as_user(env.pg_dsn, roles.relay_login), streams="true",
@@ -293,6 +298,7 @@ async def test_roles__stream_rows_by_the_producer_role_sent_by_the_relay_role(
         got = await read_stream(stream, at_least=10)
         assert sorted(json.loads(m["body"])["n"] for m in got) == list(range(10))
         await wait_until(lambda: _stream_empty(env), what="stream rows deleted by the relay role")
+        assert await count_rows(env.pg_dsn, "queue_message_stream_dead") == 1
         assert relay.terminate() == 0
 
 

@@ -49,6 +49,33 @@ async def test_streams__every_row_once_in_the_stream_in_row_order(
     assert [json.loads(m["body"])["n"] for m in got] == list(range(1, 501))
 
 
+async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after_it_go(
+    env: Env, stream: str, start_relay
+) -> None:
+    """A message larger than the stream connection's frame_max (1 MiB by default) would make the
+    broker close the connection at every try and hold its slot's later rows for ever: it is
+    parked with its reason, and the rows on either side go, in order. One just under the
+    limit still goes."""
+    pads = [0, 1_040_000, 0, 1_100_000, 0]
+    ids = []
+    for pad in pads:
+        ids += [r["id"] for r in await pg_fetch(
+            env.pg_dsn, "INSERT INTO queue_message_stream (stream, content) "
+            "VALUES ($1, jsonb_build_object('pad', repeat('x', $2))) RETURNING id::text",
+            stream, pad)]
+    start_relay(streams="true", stream_producers=1)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    got = await read_stream(stream, at_least=4)
+    assert [m["id"] for m in got] == [ids[0], ids[1], ids[2], ids[4]]
+    assert len(got[1]["body"]) > 1_040_000
+    parked = await pg_fetch(env.pg_dsn, "SELECT id::text, stream, reason, "
+                            "octet_length(content::text) AS n FROM queue_message_stream_dead")
+    assert [(p["id"], p["stream"]) for p in parked] == [(ids[3], stream)]
+    assert parked[0]["n"] > 1_100_000, "the row parked whole"
+    assert "over the stream connection's frame_max of 1,048,576 bytes" in parked[0]["reason"]
+    assert relay_status(env)["stream_dead_rows"] == 1
+
+
 def relay_status(env: Env) -> dict[str, object]:
     """`relay status --json` for the test's table."""
     done = subprocess.run([RELAY_BIN, "status", "--json"], env=env.relay_env(),
