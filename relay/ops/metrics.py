@@ -173,6 +173,18 @@ class RelayMetrics:
         self.dead_rows = Gauge(
             "relay_dead_letter_rows", "Rows in the dead-letter table (last poll).", registry=r
         )
+        self.stream_rows = Gauge(
+            "relay_stream_rows", "Rows waiting for their RabbitMQ streams (last poll).",
+            registry=r,
+        )
+        self.stream_oldest_age = Gauge(
+            "relay_stream_oldest_age_seconds",
+            "Age of the oldest row waiting for its stream, 0 when none (last poll).", registry=r,
+        )
+        self.stream_dead_rows = Gauge(
+            "relay_stream_dead_rows",
+            "Stream rows parked because they can never be sent (last poll).", registry=r,
+        )
         self.backlog_polled = Gauge(
             "relay_backlog_last_poll_timestamp_seconds",
             "Unix time of the last successful backlog poll.", registry=r,
@@ -342,6 +354,9 @@ class BacklogPoller:
                 m.oldest_due_age_by_class.labels(cls).set(
                     float(figures.get(f"oldest_{cls}_due_age_s") or 0.0))
             m.dead_rows.set(float(figures.get("dead") or 0))
+            m.stream_rows.set(float(figures.get("stream_rows") or 0))
+            m.stream_oldest_age.set(float(figures.get("stream_oldest_age_s") or 0.0))
+            m.stream_dead_rows.set(float(figures.get("stream_dead_rows") or 0))
             strangers = figures.get("lock_strangers") or []
             for role in ("leader", "wakeup"):
                 m.lock_strangers.labels(role).set(

@@ -56,6 +56,8 @@ async def backlog_figures(conn: Any, q: Queries) -> dict[str, Any]:
     figures["dead"] = int(dead)
     figures["dead_tuples"] = health["n_dead_tup"] if health else None
     figures["last_vacuum_age_s"] = health["vacuum_age_s"] if health else None
+    # Rows for RabbitMQ streams (docs/streams.md), waiting in their own table, and parked.
+    figures.update(dict(await conn.fetchrow(q["stream_status"])))
     return figures
 
 
@@ -76,10 +78,7 @@ class StatusReader:
             relays = await conn.fetchval(q["relay_sessions"])
             notify = await conn.fetchval(q["notify_mode"])
             parts = await conn.fetch(q["archive_partition_list"])
-            streams = await conn.fetchrow(q["stream_status"])
         figures.update(dict(traffic) if traffic else {"inserted_total": 0, "removed_total": 0})
-        # Rows for RabbitMQ streams (docs/streams.md), waiting in their own table.
-        figures.update(dict(streams))
         by_reason = {r["reason"]: int(r["n"]) for r in reasons}
         figures["relays"] = int(relays)
         figures["notify_mode"] = notify

@@ -293,12 +293,18 @@ async def test_roles__stream_rows_by_the_producer_role_sent_by_the_relay_role(
                         "SELECT count(*) FROM queue_message_stream_dead"):
                 with pytest.raises(asyncpg.InsufficientPrivilegeError):
                     await producer.execute(sql)
+        port = free_port()
         relay = start_relay(pg_dsn=as_user(env.pg_dsn, roles.relay_login), streams="true",
-                            stream_producers=1)
+                            stream_producers=1, http_port=port)
         got = await read_stream(stream, at_least=10)
         assert sorted(json.loads(m["body"])["n"] for m in got) == list(range(10))
         await wait_until(lambda: _stream_empty(env), what="stream rows deleted by the relay role")
         assert await count_rows(env.pg_dsn, "queue_message_stream_dead") == 1
+
+        async def metric_read() -> bool:  # the relay role reads both tables for its metrics
+            return "\nrelay_stream_dead_rows 1.0" in (await http_get(port, "/metrics"))[1]
+
+        await wait_until(metric_read, timeout_s=30, what="relay_stream_dead_rows 1 in /metrics")
         assert relay.terminate() == 0
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from relay.streams.producer import Outgoing, SlotProducer, StreamServer
 from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_fetch, wait_until
+from tests.integration.test_http import http_get
+from tests.kit.proxy import free_port
 from tests.kit.stream import CREDENTIALS, STREAM_HOST, STREAM_PORT, a_stream, read_stream
 
 STREAM_TABLE = "queue_message_stream"
@@ -63,7 +65,8 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
             env.pg_dsn, "INSERT INTO queue_message_stream (stream, content) "
             "VALUES ($1, jsonb_build_object('pad', repeat('x', $2))) RETURNING id::text",
             stream, pad)]
-    start_relay(streams="true", stream_producers=1)
+    port = free_port()
+    start_relay(streams="true", stream_producers=1, http_port=port)
     await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
     got = await read_stream(stream, at_least=4)
     assert [m["id"] for m in got] == [ids[0], ids[1], ids[2], ids[4]]
@@ -74,6 +77,12 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
     assert parked[0]["n"] > 1_100_000, "the row parked whole"
     assert "over the stream connection's frame_max of 1,048,576 bytes" in parked[0]["reason"]
     assert relay_status(env)["stream_dead_rows"] == 1
+
+    async def metric_shows_it() -> bool:
+        _, text = await http_get(port, "/metrics")
+        return "\nrelay_stream_dead_rows 1.0" in text and "\nrelay_stream_rows 0.0" in text
+
+    await wait_until(metric_shows_it, timeout_s=30, what="relay_stream_dead_rows 1 in /metrics")
 
 
 def relay_status(env: Env) -> dict[str, object]:

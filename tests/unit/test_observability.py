@@ -62,7 +62,8 @@ async def test_backlog_poller__sets_gauges_and_keeps_the_last_good_figures_on_er
 
     m = RelayMetrics()
     answers: list[dict[str, object] | Exception] = [
-        {"due": 7, "delayed": 2, "oldest_due_age_s": 3.5, "dead": 1},
+        {"due": 7, "delayed": 2, "oldest_due_age_s": 3.5, "dead": 1, "stream_rows": 40,
+         "stream_oldest_age_s": 2.5, "stream_dead_rows": 3},
         DatabaseError("connection refused"),
     ]
 
@@ -77,6 +78,9 @@ async def test_backlog_poller__sets_gauges_and_keeps_the_last_good_figures_on_er
     assert sample(m, "relay_backlog_due_rows") == 7
     assert sample(m, "relay_oldest_due_age_seconds") == 3.5
     assert sample(m, "relay_dead_letter_rows") == 1
+    assert sample(m, "relay_stream_rows") == 40
+    assert sample(m, "relay_stream_oldest_age_seconds") == 2.5
+    assert sample(m, "relay_stream_dead_rows") == 3
     await poller.poll_once()
     assert poller.snapshot.error == "connection refused"
     assert poller.snapshot.figures is not None
