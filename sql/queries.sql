@@ -986,6 +986,28 @@ WITH moved AS (
 )
 SELECT count(*)::int FROM parked
 
+-- name: stream_dead_list
+-- `relay dead list --streams`: parked stream rows, oldest first ($1: reason text or NULL, $2:
+-- at most).
+SELECT id::text AS id, dead_at, stream, octet_length(content::text) AS bytes, reason
+FROM {stream_dead}
+WHERE ($1::text IS NULL OR strpos(lower(reason), lower($1)) > 0)
+ORDER BY dead_at, dead_id
+LIMIT $2
+
+-- name: stream_dead_replay
+-- `relay dead replay --streams`: parked stream rows back into the stream table, same id and
+-- content, to be sent again ($1: ids or NULL for all, $2: reason text or NULL); the ids moved.
+WITH back AS (
+    DELETE FROM {stream_dead}
+    WHERE ($1::uuid[] IS NULL OR id = ANY ($1::uuid[]))
+      AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
+    RETURNING id, stream, content, created_at
+)
+INSERT INTO {stream_table} (id, stream, content, created_at)
+SELECT id, stream, content, created_at FROM back
+RETURNING id::text
+
 -- name: stream_status
 -- `relay status`: rows waiting for their streams, how long the oldest has waited, and rows
 -- parked because they can never be sent.

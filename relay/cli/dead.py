@@ -67,7 +67,34 @@ def _filter(args: argparse.Namespace) -> Filter:
     )
 
 
+async def _list_streams(dl: DeadLetters, args: argparse.Namespace) -> int:
+    rows = await dl.stream_listing(limit=args.limit, reason=args.reason)
+    if args.json:
+        print(json.dumps(rows, default=str))
+    elif not rows:
+        print("no parked stream rows" + (" match" if args.reason else ""))
+    else:
+        print_table(rows, ["id", "dead_at", "stream", "bytes", "reason"], 80)
+    return EXIT_OK
+
+
+async def _replay_streams(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
+    if args.older_than or args.limit or args.dry_run:
+        raise UsageError("replay --streams takes IDs, --reason TEXT or --all")
+    if not (args.ids or args.reason or args.all):
+        raise UsageError("replay what? give IDs, --reason TEXT or --all")
+    moved = await dl.stream_replay(args.ids or None, args.reason)
+    found = {i.lower() for i in moved}
+    for wanted in args.ids or []:
+        if wanted.lower() not in found:
+            print(f"no parked stream row {wanted} (matching the filters)")
+    print(f"moved {len(moved)} parked stream row(s) back into {table}_stream")
+    return EXIT_OK
+
+
 async def _list(dl: DeadLetters, args: argparse.Namespace) -> int:
+    if args.streams:
+        return await _list_streams(dl, args)
     rows = await dl.listing(limit=args.limit, reason=args.reason)
     if args.json:
         print(json.dumps(rows, default=str))
@@ -101,6 +128,8 @@ def _say_missing(which: Filter, ids: list[str]) -> None:
 
 
 async def _replay(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
+    if args.streams:
+        return await _replay_streams(dl, args, table)
     which = _filter(args)
     if not (which.narrows or args.all):
         raise UsageError("replay what? give IDs, --reason TEXT, --older-than AGE or --all")
@@ -204,6 +233,8 @@ def add_failure_commands(add: Callable[..., argparse.ArgumentParser],
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     p.add_argument("--reason", help="only those whose reason contains TEXT (case-insensitive)")
+    p.add_argument("--streams", action="store_true",
+                   help="stream rows parked as too large to send (<table>_stream_dead)")
     p = actions.add_parser("show", help="every column of one dead letter, as JSON")
     p.add_argument("id")
     p = actions.add_parser("watch", help="print dead letters as they are parked (Ctrl-C ends)")
@@ -215,6 +246,8 @@ def add_failure_commands(add: Callable[..., argparse.ArgumentParser],
         "replay", help="move dead letters back into the outbox (same id, attempts reset)"
     )
     _changing(p, "replay")
+    p.add_argument("--streams", action="store_true",
+                   help="parked stream rows back into <table>_stream (IDs, --reason or --all)")
     p = actions.add_parser("purge", help="delete dead letters (a filter, or --all)")
     _changing(p, "purge")
     prune = add("prune", make_prune_command(with_dead_letters),

@@ -128,6 +128,18 @@ class DeadLetters:
         """Dead letters, oldest first (optionally only those whose reason contains `reason`)."""
         return [dict(r) for r in await self._fetch("dead_list", reason, limit)]
 
+    async def stream_listing(self, *, limit: int = 100,
+                             reason: str | None = None) -> list[dict[str, Any]]:
+        """Parked stream rows (<table>_stream_dead), oldest first."""
+        return [dict(r) for r in await self._fetch("stream_dead_list", reason, limit)]
+
+    async def stream_replay(self, ids: list[str] | None, reason: str | None) -> list[str]:
+        """Move parked stream rows back into the stream table, in one transaction: these ids
+        (None: every one), only those whose reason contains `reason`; the ids moved."""
+        rows = await self._fetch("stream_dead_replay",
+                                 None if ids is None else check_ids(ids), reason)
+        return [r[0] for r in rows]
+
     async def show(self, row_id: str) -> list[dict[str, Any]]:
         """Every column of each dead letter with this id, the latest first (an id a producer
         reused can have been parked more than once); empty when there is none."""

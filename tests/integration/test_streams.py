@@ -66,7 +66,7 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
             "VALUES ($1, jsonb_build_object('pad', repeat('x', $2))) RETURNING id::text",
             stream, pad)]
     port = free_port()
-    start_relay(streams="true", stream_producers=1, http_port=port)
+    relay = start_relay(streams="true", stream_producers=1, http_port=port)
     await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
     got = await read_stream(stream, at_least=4)
     assert [m["id"] for m in got] == [ids[0], ids[1], ids[2], ids[4]]
@@ -83,6 +83,31 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
         return "\nrelay_stream_dead_rows 1.0" in text and "\nrelay_stream_rows 0.0" in text
 
     await wait_until(metric_shows_it, timeout_s=30, what="relay_stream_dead_rows 1 in /metrics")
+    assert relay.terminate() == 0
+    # The operator lists them and, once the broker's limit is raised, moves them back.
+    listed = json.loads(relay_cmd(env, "dead", "list", "--streams", "--json"))
+    assert [(r["id"], r["stream"]) for r in listed] == [(ids[3], stream)]
+    assert listed[0]["bytes"] > 1_100_000
+    assert "frame_max" in listed[0]["reason"]
+    out = relay_cmd(env, "dead", "replay", "--streams", ids[3], str(uuid.uuid4()))
+    assert "moved 1 parked stream row(s) back" in out
+    assert "no parked stream row" in out
+    back = await pg_fetch(env.pg_dsn, "SELECT id::text, octet_length(content::text) AS n "
+                          "FROM queue_message_stream")
+    assert [(r["id"], r["n"]) for r in back] == [(ids[3], parked[0]["n"])]
+    assert await count_rows(env.pg_dsn, "queue_message_stream_dead") == 0
+    refused = relay_cmd(env, "dead", "replay", "--streams", expect=2)
+    assert "replay what? give IDs, --reason TEXT or --all" in refused
+    assert "Traceback" not in refused
+
+
+def relay_cmd(env: Env, *args: str, expect: int = 0) -> str:
+    """A relay command for the test's table; its output (stdout when it succeeds, stderr when
+    it fails), once it exited with `expect`."""
+    done = subprocess.run([RELAY_BIN, *args], env=env.relay_env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == expect, done.stderr
+    return done.stdout if expect == 0 else done.stderr
 
 
 def relay_status(env: Env) -> dict[str, object]:
