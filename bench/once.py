@@ -13,12 +13,17 @@ its record to that transaction (relay.inbox). Writes bench/inbox-RESULTS.md.
 streams: a backlog of `--rows` rows of ~200 bytes committed at once, drained by one `relay run`
 with its defaults into the scenario's durable classic queue (the outbox, as bench/drain.py) and
 then into a stream (the stream table, RELAY_STREAMS=true, every producer slot to this relay);
-rows per second from the commit to the table's last delete. Writes bench/streams-RESULTS.md.
+rows per second from the commit to the table's last delete. Then the latency of single rows to
+an idle relay (`--latency-rows` one-row transactions, Poisson arrivals at 20/s: commit returned
+to a stream consumer's receipt, after WARM_UP_ROWS rows), woken by the NOTIFY of the stream
+table's trigger (the default) and, alternating, with that trigger disabled (the slots' polling
+alone). Writes bench/streams-RESULTS.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import tempfile
 import time
 import uuid
@@ -29,7 +34,15 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
-from rstream import Producer
+from rstream import (
+    AMQPMessage,
+    Consumer,
+    ConsumerOffsetSpecification,
+    MessageContext,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+)
 
 from bench.common import (
     AMQP_URL,
@@ -42,11 +55,15 @@ from bench.common import (
     drop_env,
     load_before,
     one_off,
+    percentile,
     run_on_private_server,
 )
 from bench.drain import drain_once
 from relay.inbox import ConsumerConfig, InboxConsumer, migrate
 
+# Rows sent before the measured ones: each slot's first message to a stream declares its
+# publisher there (about 200 ms here), once per slot and stream for the life of the relay.
+WARM_UP_ROWS = 40
 BUSINESS = "CREATE TABLE IF NOT EXISTS orders (message_id text NOT NULL, body jsonb NOT NULL)"
 STREAM_PORT = 5552
 
@@ -205,19 +222,85 @@ async def classic_drain_once(env: BenchEnv, rows: int) -> dict[str, Any]:
     return {"rows": rows, **{k: drained[k] for k in ("seconds", "msg_per_s", "load_before")}}
 
 
-async def stream_runs(rows: int, runs: int, quiet_below: float) -> list[dict[str, Any]]:
-    """Alternate classic and stream drains `runs` times."""
+async def stream_latency_once(env: BenchEnv, stream: str, rows: int,
+                              notify: bool) -> dict[str, Any]:
+    """`rows` one-row transactions to an idle relay, 20 a second; commit to receipt, in ms."""
+    credentials = _stream_credentials()
+    received: dict[str, float] = {}
+
+    async def on_message(message: AMQPMessage, _: MessageContext) -> None:
+        raw = (message.application_properties or {}).get(b"x-outbox-id")
+        if isinstance(raw, bytes):
+            received[raw.decode()] = time.monotonic()
+
+    relay = Relay(env.relay_env(streams="true"),
+                  Path(tempfile.mkdtemp(prefix="bench-streams-")) / "relay.log")
+    consumer = Consumer(credentials.pop("host"), STREAM_PORT, **credentials)
+    conn = await asyncpg.connect(env.dsn)
+    sent: dict[str, float] = {}
+    try:
+        switch = "ENABLE" if notify else "DISABLE"
+        await conn.execute(f"ALTER TABLE queue_message_stream {switch} TRIGGER "
+                           "queue_message_stream_notify")
+        await consumer.start()
+        await consumer.subscribe(stream, on_message, decoder=amqp_decoder,
+                                 offset_specification=ConsumerOffsetSpecification(
+                                     OffsetType.NEXT, None))
+        await relay.wait_started()
+        rng = random.Random(41)
+        load: list[float] = []
+        for i in range(WARM_UP_ROWS + rows):
+            if i == WARM_UP_ROWS:
+                await asyncio.sleep(2.0)  # idle: every slot found nothing
+                load = load_before()
+            row_id = await conn.fetchval(
+                "INSERT INTO queue_message_stream (stream, content) "
+                f"SELECT $1, {BODY_SQL} FROM generate_series(1, 1) AS g RETURNING id::text",
+                stream)
+            if i >= WARM_UP_ROWS:
+                sent[row_id] = time.monotonic()
+            await asyncio.sleep(rng.expovariate(20.0))
+        deadline = time.monotonic() + 60
+        while len(received.keys() & sent.keys()) < rows:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(received)} of {rows} rows reached the stream")
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.execute("ALTER TABLE queue_message_stream "
+                           "ENABLE TRIGGER queue_message_stream_notify")
+        await conn.close()
+        await consumer.close()
+        relay.stop()
+    ms = [(received[i] - t) * 1000 for i, t in sent.items()]
+    return {"rows": rows, "load_before": load,
+            **{f"p{q}_ms": round(percentile(ms, q), 2) for q in (50, 95, 99)},
+            "max_ms": round(max(ms), 2)}
+
+
+def _stream_credentials() -> dict[str, str]:
+    url = urlsplit(AMQP_URL)
+    return {"host": url.hostname or "127.0.0.1", "username": url.username or "guest",
+            "password": url.password or "guest"}
+
+
+async def stream_runs(rows: int, runs: int, latency_rows: int, quiet_below: float,
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Alternate classic and stream drains `runs` times, then the latency runs."""
     env = await create_env("streams")
     stream = f"bench-{env.database}"
-    url = urlsplit(AMQP_URL)
-    producer = Producer(url.hostname or "127.0.0.1", STREAM_PORT,
-                        username=url.username or "guest", password=url.password or "guest")
+    credentials = _stream_credentials()
+    producer = Producer(credentials.pop("host"), STREAM_PORT, **credentials)
     await producer.start()
     try:
         await producer.create_stream(stream, exists_ok=True)
-        return await alternate(runs, {"classic": lambda: classic_drain_once(env, rows),
-                                      "stream": lambda: stream_drain_once(env, stream, rows)},
-                               "destination", quiet_below)
+        drains = await alternate(runs, {
+            "classic": lambda: classic_drain_once(env, rows),
+            "stream": lambda: stream_drain_once(env, stream, rows)}, "destination", quiet_below)
+        latency = await alternate(runs, {
+            kind: lambda notify=(kind == "notify"): stream_latency_once(  # type: ignore[misc]
+                env, stream, latency_rows, notify)
+            for kind in ("notify", "poll")}, "wake-up", quiet_below)
+        return drains, latency
     finally:
         await producer.delete_stream(stream, missing_ok=True)
         await producer.close()
@@ -228,8 +311,10 @@ def streams_main() -> None:
     """`--scenario streams`: parse its options, run on a private cluster, write its report."""
     args, run = one_off("bench.once", scenario="streams", runs=3,
                         out=Path(__file__).with_name("streams-RESULTS.md"),
-                        options={"--rows": {"type": int, "default": 100_000}})
-    results = run_on_private_server(lambda: stream_runs(args.rows, args.runs, args.quiet_below))
+                        options={"--rows": {"type": int, "default": 100_000},
+                                 "--latency-rows": {"type": int, "default": 200}})
+    results, latency = run_on_private_server(lambda: stream_runs(
+        args.rows, args.runs, args.latency_rows, args.quiet_below))
     lines = run.header(
         "Rows into a stream beside the same rows into a classic queue",
         "server: a private initdb cluster with the server's defaults; RabbitMQ on loopback",
@@ -238,4 +323,14 @@ def streams_main() -> None:
         "stream table over the stream protocol (RELAY_STREAMS=true, 4 producer slots, all to "
         "this relay), deduplicated by the broker")
     lines += alternation_table(results, "destination", "rows", "classic", "stream")
+    lines += ["", "## One row at a time to an idle relay (commit to a stream consumer's receipt, "
+              "ms)", "", "notify: the default (the stream table's trigger wakes a sleeping "
+              "relay); poll: the trigger disabled, the slots' own polling alone (every 50 ms "
+              f"backing off to 0.5 s). Measured after {WARM_UP_ROWS} rows at the same rate: "
+              "each slot's first message to a stream declares its publisher there (about "
+              "200 ms), once for the life of the relay.", "",
+              "| run | wake-up | rows | p50 | p95 | p99 | max | load before |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['wake-up']} | {r['rows']} | {r['p50_ms']} | {r['p95_ms']} | "
+              f"{r['p99_ms']} | {r['max_ms']} | {r['load_before'][0]} |" for r in latency]
     run.write(args.out, "\n".join(lines) + "\n")

@@ -70,6 +70,14 @@ CREATE TRIGGER {notify_trigger} AFTER INSERT ON {table}
 -- name: install_trigger_off
 DROP TRIGGER IF EXISTS {notify_trigger} ON {table}
 
+-- name: stream_notify_off
+-- The stream table's wake-up trigger (sql/migrations/0019) follows the outbox's mode: off
+-- (producers using two-phase commit cannot NOTIFY) disables it; the others enable it.
+ALTER TABLE {stream_table} DISABLE TRIGGER {stream_notify_trigger}
+
+-- name: stream_notify_on
+ALTER TABLE {stream_table} ENABLE TRIGGER {stream_notify_trigger}
+
 -- name: install_trigger_conditional
 -- Notifies only while some relay is asleep (or about to be), which it shows by holding, or
 -- waiting for, the wake-up lock in exclusive mode (relay/pg/wakeup.py, docs/notify.md). When the
@@ -973,6 +981,20 @@ DELETE FROM {stream_table} WHERE id = ANY ($1::uuid[])
 -- Rows the broker refused ($1: ids): a new publishing id at the next assignment (the old one
 -- may be at or below what the broker stored since, and would be dropped).
 UPDATE {stream_table} SET slot = NULL, publishing_id = NULL WHERE id = ANY ($1::uuid[])
+
+-- name: stream_sleep_try
+-- A relay whose slots all found nothing takes the stream table's wake-up lock before it
+-- sleeps (sql/migrations/0019): producers send a NOTIFY while it holds it. False while a
+-- producer holds it shared (it is writing now: no sleep is needed).
+SELECT pg_try_advisory_lock({wakeup_lock_class}, {stream_literal}::regclass::oid::int)
+
+-- name: stream_sleep_check
+-- Right after the lock is taken (a new statement, a snapshot that sees every producer that
+-- committed without a NOTIFY): are rows waiting for a slot?
+SELECT EXISTS (SELECT 1 FROM {stream_table} WHERE slot IS NULL)
+
+-- name: stream_sleep_release
+SELECT pg_advisory_unlock({wakeup_lock_class}, {stream_literal}::regclass::oid::int)
 
 -- name: stream_park
 -- Rows that can never be sent ($1: ids) move to the stream dead letters with reason $2; how many.

@@ -631,6 +631,17 @@ ORDER BY seq
 RETURNING id::text
 $$;
 
+CREATE FUNCTION public.queue_message_stream_notify_stmt() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock_shared(1380273241, TG_RELID::int) THEN
+        PERFORM pg_notify('queue_message_notify_stream', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE TABLE public.queue_message (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     exchange text NOT NULL,
@@ -821,3 +832,5 @@ CREATE INDEX queue_message_unkeyed_xact_idx ON public.queue_message USING btree 
 CREATE TRIGGER queue_message_notify AFTER INSERT ON public.queue_message FOR EACH STATEMENT EXECUTE FUNCTION public.queue_message_notify_stmt();
 
 COMMENT ON TRIGGER queue_message_notify ON public.queue_message IS 'outbox-relay notify mode: conditional';
+
+CREATE TRIGGER queue_message_stream_notify AFTER INSERT ON public.queue_message_stream FOR EACH STATEMENT EXECUTE FUNCTION public.queue_message_stream_notify_stmt();

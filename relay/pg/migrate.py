@@ -231,6 +231,8 @@ async def _migrate_once(conn: asyncpg.Connection, names: TableNames,
             applied_now.append(version)
             log.info("migration_applied", version=version, table=target)
         await conn.execute(q[f"install_trigger_{todo.notify.value}"])
+        await conn.execute(q["stream_notify_off" if todo.notify is NotifyMode.OFF
+                             else "stream_notify_on"])
         if todo.notify is not NotifyMode.OFF:
             await conn.execute(
                 q["mark_notify_mode"].replace("{notify_mode}", todo.notify.value))

@@ -58,6 +58,13 @@ class TableNames:
         base = self.channel.encode()[: 63 - len("_dead")].decode(errors="ignore")
         return base + "_dead"
 
+    @property
+    def stream_channel(self) -> str:
+        """The channel that wakes a relay asleep on the stream table: the table's channel and
+        `_stream`, cut the same way."""
+        base = self.channel.encode()[: 63 - len("_stream")].decode(errors="ignore")
+        return base + "_stream"
+
     def _q(self, suffix: str = "") -> str:
         base = quote_ident(self.name + suffix)
         return f"{quote_ident(self.schema)}.{base}" if self.schema else base
@@ -97,6 +104,11 @@ class TableNames:
             "stream_seq": self._q("_stream_seq"),
             "stream_relays": self._q("_stream_relays"),
             "stream_dead": self._q("_stream_dead"),  # sql/migrations/0018_stream_dead.sql
+            # sql/migrations/0019_stream_notify.sql
+            "stream_literal": quote_literal(self._q("_stream")),
+            "stream_notify_fn": self._q("_stream_notify_stmt"),
+            "stream_notify_trigger": quote_ident(self.name + "_stream_notify"),
+            "stream_channel_literal": quote_literal(self.stream_channel),
             "stream_assigned_check": quote_ident(self.name + "_stream_assigned"),
             "stream_unassigned_idx": quote_ident(self.name + "_stream_unassigned_idx"),
             "stream_assigned_idx": quote_ident(self.name + "_stream_assigned_idx"),

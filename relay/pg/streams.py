@@ -4,6 +4,7 @@ leases, publishing ids given in committed transactions, settles. One connection 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -122,3 +123,27 @@ class StreamStore:
             return 0
         with translated("parking stream rows"):
             return int(await self._conn.fetchval(self.q["stream_park"], ids, reason))
+
+    async def listen(self, on_notify: Callable[[], None]) -> None:
+        """LISTEN on the stream table's channel (sql/migrations/0019); `on_notify()` at each
+        NOTIFY. The connection then serves only the wake-up lock."""
+        with translated("listening for stream rows"):
+            await self._conn.add_listener(self.q.names.stream_channel,
+                                          lambda *_: on_notify())
+
+    async def try_sleep(self) -> tuple[bool, bool]:
+        """Take the stream table's wake-up lock for a sleep: (asleep, rows waiting). Asleep:
+        the lock is held and producers will NOTIFY. Not asleep: a producer holds it (it is
+        writing now) or rows already wait for a slot (the lock is given back at once)."""
+        with translated("taking the stream wake-up lock"):
+            if not await self._conn.fetchval(self.q["stream_sleep_try"]):
+                return False, False
+            if await self._conn.fetchval(self.q["stream_sleep_check"]):
+                await self._conn.fetchval(self.q["stream_sleep_release"])
+                return False, True
+            return True, False
+
+    async def wake(self) -> None:
+        """Give the wake-up lock back: producers stop sending NOTIFYs."""
+        with translated("releasing the stream wake-up lock"):
+            await self._conn.fetchval(self.q["stream_sleep_release"])

@@ -14,6 +14,11 @@ share (slots / stream relays alive), and for each slot it owns runs one loop:
    is parked in the stream dead letters with its reason, never sent.
 
 A lost lease stops the slot's loop at once; the new owner starts at step 1.
+
+A slot with nothing to send looks again soon, less often the longer it stays so (at most every
+IDLE_MAX_S). When every slot of the relay is idle, the relay also takes the stream table's
+wake-up lock on a connection that LISTENs (sql/migrations/0019): producers' INSERTs then send a
+NOTIFY, which wakes the slots at once; the first slot that finds rows gives the lock back.
 """
 
 from __future__ import annotations
@@ -62,6 +67,12 @@ class StreamWorker:
         self.config = config
         self._open_store = open_store
         self._slots: dict[int, asyncio.Task[None]] = {}
+        # The wake-up: a connection that LISTENs and holds the wake-up lock while asleep.
+        self._waker: StreamStore | None = None
+        self._waker_busy = asyncio.Lock()
+        self._asleep = False
+        self._idle: set[int] = set()
+        self._notified = asyncio.Event()
 
     async def run(self) -> None:
         """Share the slots with the other relays, each owned slot in a task of its own."""
@@ -74,6 +85,8 @@ class StreamWorker:
                     await self._rebalance(store)
                 except RelayError as exc:
                     log.warning("stream_slots_unavailable", error=str(exc))
+                if self._waker is None:
+                    await self._open_waker()
                 await asyncio.sleep(cfg.lease_s / 4)
         finally:
             for task in self._slots.values():
@@ -83,6 +96,7 @@ class StreamWorker:
                     await task
             with contextlib.suppress(Exception):
                 await store.close()
+            await self._drop_waker()
 
     async def close(self) -> None:
         """Nothing to close: run() closes what it opened when cancelled."""
@@ -105,6 +119,67 @@ class StreamWorker:
             self._slots.pop(highest).cancel()
             log.info("stream_slot_given_back", slot=highest, relays=relays)
 
+    async def _open_waker(self) -> None:
+        try:
+            waker = await self._open_store()
+        except RelayError as exc:
+            log.warning("stream_wakeup_unavailable", error=str(exc))
+            return
+        try:
+            await waker.listen(self._on_notify)
+        except RelayError as exc:
+            log.warning("stream_wakeup_unavailable", error=str(exc))
+            with contextlib.suppress(Exception):
+                await waker.close()
+            return
+        self._waker = waker
+
+    async def _drop_waker(self) -> None:
+        """Close the wake-up connection (its lock goes with it); slots poll meanwhile."""
+        waker, self._waker, self._asleep = self._waker, None, False
+        if waker is not None:
+            with contextlib.suppress(Exception):
+                await waker.close()
+
+    def _on_notify(self) -> None:
+        woken, self._notified = self._notified, asyncio.Event()
+        woken.set()
+
+    async def _idle_wait(self, slot: int, timeout_s: float) -> None:
+        """A slot found nothing: wait `timeout_s`, or less if a NOTIFY comes. The last slot of
+        the relay to go idle takes the wake-up lock (no row can then arrive unannounced)."""
+        woken = self._notified
+        self._idle.add(slot)
+        try:
+            if self._idle >= set(self._slots) and not self._asleep:
+                async with self._waker_busy:
+                    if self._waker is not None and not self._asleep:
+                        try:
+                            self._asleep, rows_waiting = await self._waker.try_sleep()
+                        except RelayError as exc:
+                            log.warning("stream_wakeup_lost", error=str(exc))
+                            await self._drop_waker()
+                            rows_waiting = False
+                        if rows_waiting:
+                            return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), timeout_s)
+        finally:
+            self._idle.discard(slot)
+
+    async def _awake(self) -> None:
+        """A slot found rows: give the wake-up lock back (no NOTIFY is needed while busy)."""
+        if not self._asleep:
+            return
+        async with self._waker_busy:
+            if self._asleep and self._waker is not None:
+                try:
+                    await self._waker.wake()
+                    self._asleep = False
+                except RelayError as exc:
+                    log.warning("stream_wakeup_lost", error=str(exc))
+                    await self._drop_waker()
+
     async def _own(self, slot: int) -> None:
         """One slot's loop, from takeover until the lease is lost or the task cancelled."""
         cfg = self.config
@@ -126,11 +201,13 @@ class StreamWorker:
                     return
                 rows = await store.assigned(slot, cfg.batch)
                 if not rows:
-                    # Nothing to send: look again soon, less often the longer it stays so.
-                    await asyncio.sleep(idle)
+                    # Nothing to send: look again soon (at once on a NOTIFY), less often the
+                    # longer it stays so.
+                    await self._idle_wait(slot, idle)
                     idle = min(idle * 2, IDLE_MAX_S, cfg.lease_s / 3)
                     continue
                 idle = cfg.idle_s
+                await self._awake()
                 await self._send(store, producer, rows)
         except (RelayError, OSError, ConnectionError) as exc:
             log.warning("stream_slot_failed", slot=slot, error=str(exc) or repr(exc))

@@ -106,12 +106,13 @@ def test_bench_streams__both_destinations_drained_and_the_ratio_is_reported(
     out = tmp_path / "streams.md"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--scenario", "streams", "--", "--rows", "2000",
-         "--runs", "1", "--quiet-below", "100", "--out", str(out)],
+         "--runs", "1", "--latency-rows", "20", "--quiet-below", "100", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
     rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| 1 |")]
-    assert [r[1].strip() for r in rows] == ["classic", "stream"]
-    assert all(r[2].strip() == "2,000" for r in rows)
+    assert [r[1].strip() for r in rows] == ["classic", "stream", "notify", "poll"]
+    assert all(r[2].strip() == "2,000" for r in rows[:2])
+    assert all(r[2].strip() == "20" and float(r[3]) > 0 for r in rows[2:])
     assert "stream over classic, run by run:" in text

@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from relay.streams.producer import Outgoing, SlotProducer, StreamServer
-from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_fetch, wait_until
+from tests.helpers import (
+    RELAY_BIN,
+    Env,
+    count_rows,
+    pg_execute,
+    pg_fetch,
+    pg_fetchval,
+    pg_session,
+    wait_until,
+)
 from tests.integration.test_http import http_get
 from tests.kit.proxy import free_port
 from tests.kit.stream import CREDENTIALS, STREAM_HOST, STREAM_PORT, a_stream, read_stream
@@ -101,10 +110,70 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
     assert "Traceback" not in refused
 
 
-def relay_cmd(env: Env, *args: str, expect: int = 0) -> str:
-    """A relay command for the test's table; its output (stdout when it succeeds, stderr when
-    it fails), once it exited with `expect`."""
-    done = subprocess.run([RELAY_BIN, *args], env=env.relay_env(), capture_output=True,
+SLEEPERS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND mode = 'ExclusiveLock' AND objid = 'queue_message_stream'::regclass::oid "
+            "AND objsubid = 2")
+
+
+async def test_streams__an_idle_relay_is_woken_by_a_notify_and_producers_send_none_else(
+    env: Env, stream: str, start_relay
+) -> None:
+    """With no relay asleep a producer's INSERT sends no NOTIFY. A relay whose slots found
+    nothing holds the stream table's wake-up lock and LISTENs: an INSERT then sends one (the
+    test hears it too), and the row goes."""
+    heard: list[str] = []
+    channel = "queue_message_notify_stream"
+    async with pg_session(env.pg_dsn) as listener:
+        await listener.add_listener(channel, lambda *args: heard.append(args[3]))
+        first = await insert_stream_rows(env.pg_dsn, stream, 1)
+        # Notifications arrive in commit order: once our marker is heard, a NOTIFY of the
+        # INSERT before it would have been too.
+        await pg_execute(env.pg_dsn, f"NOTIFY {channel}, 'marker'")
+        await wait_until(lambda: _heard(heard, "marker"), timeout_s=10, what="the marker")
+        assert heard == ["marker"], "no relay asleep: the producer sent no NOTIFY"
+        heard.clear()
+        start_relay(streams="true", stream_producers=2)
+        await wait_until(lambda: _sleepers(env.pg_dsn, 1), timeout_s=30,
+                         what="the idle relay holding the stream wake-up lock")
+        second = await insert_stream_rows(env.pg_dsn, stream, 1)
+        got = await read_stream(stream, at_least=2)
+        assert [m["id"] for m in got] == first + second
+        assert heard == [""], "the producer woke the sleeping relay"
+
+
+async def test_streams__notify_off_disables_the_stream_wake_up_and_rows_still_go(
+    env: Env, stream: str, start_relay
+) -> None:
+    """`RELAY_NOTIFY=off` (producers using two-phase commit cannot NOTIFY) turns the stream
+    table's trigger off too: a sleeping relay is not notified, and finds the row by polling."""
+    relay_cmd(env, "migrate", notify="off")
+    heard: list[str] = []
+    channel = "queue_message_notify_stream"
+    start_relay(streams="true", stream_producers=1)
+    await wait_until(lambda: _sleepers(env.pg_dsn, 1), timeout_s=30,
+                     what="the idle relay holding the stream wake-up lock")
+    async with pg_session(env.pg_dsn) as listener:
+        await listener.add_listener(channel, lambda *args: heard.append(args[3]))
+        rows = await insert_stream_rows(env.pg_dsn, stream, 1)
+        await pg_execute(env.pg_dsn, f"NOTIFY {channel}, 'marker'")
+        await wait_until(lambda: _heard(heard, "marker"), timeout_s=10, what="the marker")
+        assert heard == ["marker"], "notify off: the producer sent no NOTIFY"
+    got = await read_stream(stream, at_least=1)
+    assert [m["id"] for m in got] == rows
+
+
+async def _heard(heard: list[str], payload: str) -> bool:
+    return payload in heard
+
+
+async def _sleepers(dsn: str, n: int) -> bool:
+    return await pg_fetchval(dsn, SLEEPERS) == n
+
+
+def relay_cmd(env: Env, *args: str, expect: int = 0, **settings: str) -> str:
+    """A relay command for the test's table (and `settings`); its output (stdout when it
+    succeeds, stderr when it fails), once it exited with `expect`."""
+    done = subprocess.run([RELAY_BIN, *args], env=env.relay_env(**settings), capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == expect, done.stderr
     return done.stdout if expect == 0 else done.stderr

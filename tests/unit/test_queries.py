@@ -43,3 +43,13 @@ def test_delete_at_commit__ids_reach_the_script_only_as_canonical_uuids() -> Non
     script = Queries(TableNames(None, "queue_message", "n"))["delete_published_and_commit"]
     assert script.count("{ids}") == 1
     assert script.rstrip().endswith("COMMIT")
+
+
+def test_the_stream_channel__is_the_tables_channel_and_stream_within_63_bytes() -> None:
+    assert TableNames(None, "queue_message", "queue_message_notify").stream_channel == (
+        "queue_message_notify_stream")
+    long = "é" * 31 + "x"  # 63 bytes: the end is cut on a character boundary
+    channel = TableNames(None, "t", long).stream_channel
+    assert channel.endswith("_stream")
+    assert len(channel.encode()) <= 63
+    assert channel == "é" * 28 + "_stream"
