@@ -81,22 +81,26 @@ class SlotProducer:
     def __init__(self, server: StreamServer, name: str, *,
                  frame_max: int = ASKED_FRAME_MAX) -> None:
         self.name = name
+        self.frame_max = 0  # known once started
         self._producer = Producer(server.host, server.port, username=server.username,
                                   password=server.password, vhost=server.vhost,
                                   frame_max=frame_max, connection_name=f"outbox-relay {name}")
 
     async def start(self) -> None:
-        """Connect."""
+        """Connect, and note the frame_max the broker agreed to."""
         await self._producer.start()
+        # Read once: rstream closes this first (locator) connection when it opens the first
+        # stream's, and asking again would open a new one.
+        self.frame_max = int((await self._producer.default_client).frame_max)
 
     async def close(self) -> None:
         """Close the connection (unconfirmed messages stay the database's rows)."""
         await self._producer.close()
 
-    async def too_large(self, rows: Sequence[Outgoing]) -> tuple[list[tuple[Outgoing, int]], int]:
+    def too_large(self, rows: Sequence[Outgoing]) -> tuple[list[tuple[Outgoing, int]], int]:
         """The rows whose message alone would not fit in one publish frame of this connection,
         each with its frame's size; and the connection's frame_max (0: the broker set none)."""
-        limit = int((await self._producer.default_client).frame_max)
+        limit = self.frame_max
         fixed = PUBLISH_FRAME_OVERHEAD + MESSAGE_OVERHEAD
         out: list[tuple[Outgoing, int]] = []
         if limit <= 0:

@@ -42,6 +42,10 @@ log = structlog.get_logger("relay.streams")
 FRAME_BODY_BYTES = 512 * 1024
 # The longest pause between looks of an idle slot: the most a row for a stream waits.
 IDLE_MAX_S = 0.5
+# A producer holds the wake-up lock shared while its INSERT's transaction is open (it saw no
+# relay asleep and sent no NOTIFY): look again this soon, a few times, for its rows.
+PRODUCER_WRITING_S = 0.005
+PRODUCER_WRITING_LOOKS = 3
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class StreamWorker:
         self._waker: StreamStore | None = None
         self._waker_busy = asyncio.Lock()
         self._asleep = False
+        self._producer_writing = 0  # quick looks taken since the lock was last refused
         self._idle: set[int] = set()
         self._notified = asyncio.Event()
 
@@ -159,9 +164,14 @@ class StreamWorker:
                         except RelayError as exc:
                             log.warning("stream_wakeup_lost", error=str(exc))
                             await self._drop_waker()
-                            rows_waiting = False
+                            self._asleep, rows_waiting = False, False
                         if rows_waiting:
                             return
+                        if self._asleep:
+                            self._producer_writing = 0
+                        elif self._producer_writing < PRODUCER_WRITING_LOOKS:
+                            self._producer_writing += 1
+                            timeout_s = PRODUCER_WRITING_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), timeout_s)
         finally:
@@ -169,6 +179,7 @@ class StreamWorker:
 
     async def _awake(self) -> None:
         """A slot found rows: give the wake-up lock back (no NOTIFY is needed while busy)."""
+        self._producer_writing = 0
         if not self._asleep:
             return
         async with self._waker_busy:
@@ -253,7 +264,7 @@ class StreamWorker:
         slot's later rows for ever (RabbitMQ 3.10 lets such a frame through when it arrives in
         parts; the relay keeps to the protocol either way)."""
         outgoing = [Outgoing(r.id, r.body, r.publishing_id) for r in rows]
-        too_large, limit = await producer.too_large(outgoing)
+        too_large, limit = producer.too_large(outgoing)
         for row, size in too_large:
             await store.park([row.id], f"message of {size:,} bytes is over the stream "
                              f"connection's frame_max of {limit:,} bytes (raise RabbitMQ's "
