@@ -470,6 +470,19 @@ def _own_report(target: str, rest: list[str]) -> int:
     return 0
 
 
+def render_again(out: Path, update_readme: bool) -> int:
+    """RESULTS.md (and README's block) from an existing results.json: a change of the report's
+    wording or layout, with the figures as they were measured."""
+    report = json.loads((out / "results.json").read_text())
+    (out / "RESULTS.md").write_text(render_markdown(report))
+    print(f"wrote {out / 'RESULTS.md'} from {out / 'results.json'}")
+    if update_readme:
+        readme = Path(__file__).parents[1] / "README.md"
+        readme.write_text(replace_readme_block(readme.read_text(), render_readme_block(report)))
+        print(f"updated the figures block in {readme}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, run the scenarios, write results.json and RESULTS.md."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
@@ -483,11 +496,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite README's figures block (every suite scenario must be in "
                         "results.json)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="run nothing: write RESULTS.md (and with --update-readme README's "
+                        "block) again from the results.json in --out, with this report code")
     parser.add_argument("--server", choices=("private", "shared"),
                         help="PostgreSQL: a private initdb cluster with the server's defaults "
                         "(bench/common.py; the default) or the shared one of RELAY_TEST_PG_DSN "
                         "(the default of --smoke)")
     args, rest = parser.parse_known_args(argv)
+    if args.render_only:
+        return render_again(args.out or Path(__file__).parent, args.update_readme)
     if args.scenario in OWN_REPORTS:
         return _own_report(OWN_REPORTS[args.scenario], rest)
     if rest:

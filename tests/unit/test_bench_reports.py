@@ -129,3 +129,17 @@ def test_an_alternation__every_run_then_the_ratio_run_by_run_and_its_median() ->
     assert len([line for line in lines if line.startswith("| ")]) == 6
     # Run 3 has no b: no ratio of it.
     assert lines[-1] == "b over a, run by run: 1.50, 0.50 (median 1.00)."
+
+
+def test_the_committed_results__are_what_the_report_code_writes_from_results_json() -> None:
+    """bench/RESULTS.md and README's figures block are written from bench/results.json; a
+    change of the report's wording must write them again (`python -m bench --render-only
+    --update-readme`), so neither describes a report the code no longer writes."""
+    import json
+
+    from bench.report import render_markdown, render_readme_block
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    report = json.loads((bench / "results.json").read_text())
+    assert (bench / "RESULTS.md").read_text() == render_markdown(report)
+    assert render_readme_block(report) in (bench.parent / "README.md").read_text()
