@@ -195,7 +195,7 @@ def _render_fairness(s: dict[str, Any]) -> list[str]:
              "drains once alone, then again while an application commits one row per "
              "transaction (Poisson arrivals) to another queue the benchmark consumes. Live "
              "latency: the producer's commit returned → consumer received, for live rows "
-             "committed before the bulk drained. bench/broker-floor-RESULTS.md gives the "
+             "committed before the bulk drained. 00f8d6b:bench/broker-floor-RESULTS.md gives the "
              "broker's own floor for a live message beside a bulk publisher on this machine.",
              "", "| relays | bulk rows | live rows/s | bulk alone msg/s | beside live msg/s | "
              "drain ratio | live p50 ms | p95 | p99 | max | load before |",
