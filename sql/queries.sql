@@ -966,12 +966,27 @@ WHERE t.id = nb.id
 RETURNING t.id
 
 -- name: stream_assigned
--- Slot $1's rows to send, in publishing id order per stream ($2 at most).
-SELECT id::text AS id, stream, content::text AS body, publishing_id
-FROM {stream_table}
-WHERE slot = $1
-ORDER BY stream, publishing_id
-LIMIT $2
+-- Slot $1's rows to send, in publishing id order per stream, at most $2 of each stream: a
+-- stream that cannot take messages (missing, no leader) holds back only its own rows. The
+-- slot's streams are found by walking the (slot, stream, publishing_id) index from one stream
+-- to the next, not by reading every row of the slot.
+WITH RECURSIVE streams AS (
+    (SELECT stream FROM {stream_table} WHERE slot = $1 ORDER BY stream LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.stream FROM {stream_table} AS t
+            WHERE t.slot = $1 AND t.stream > s.stream ORDER BY t.stream LIMIT 1)
+    FROM streams AS s
+    WHERE s.stream IS NOT NULL
+)
+SELECT r.id::text AS id, r.stream, r.content::text AS body, r.publishing_id
+FROM streams AS s
+CROSS JOIN LATERAL (
+    SELECT t.id, t.stream, t.content, t.publishing_id FROM {stream_table} AS t
+    WHERE t.slot = $1 AND t.stream = s.stream
+    ORDER BY t.publishing_id
+    LIMIT $2) AS r
+WHERE s.stream IS NOT NULL
+ORDER BY r.stream, r.publishing_id
 
 -- name: stream_settle
 -- Rows the broker confirmed ($1: ids).

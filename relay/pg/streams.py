@@ -98,7 +98,7 @@ class StreamStore:
                 return len(await self._conn.fetch(self.q["stream_assign"], slot, limit))
 
     async def assigned(self, slot: int, limit: int) -> list[StreamRow]:
-        """The slot's rows to send, in publishing id order per stream."""
+        """The slot's rows to send, in publishing id order per stream, `limit` of each."""
         with translated("reading assigned stream rows"):
             rows = await self._conn.fetch(self.q["stream_assigned"], slot, limit)
         return [StreamRow(r["id"], r["stream"], r["body"].encode(), int(r["publishing_id"]))

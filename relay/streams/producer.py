@@ -14,9 +14,17 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rstream import AMQPMessage, ConfirmationStatus, Producer, Properties, StreamDoesNotExist
+from rstream import AMQPMessage, ConfirmationStatus, Producer, Properties
+from rstream.exceptions import (
+    AccessRefused,
+    LeaderNotAvailable,
+    PreconditionFailed,
+    StreamDoesNotExist,
+    StreamNotAvailable,
+)
 
 from relay.errors import BrokerError
+from relay.streams import wire  # noqa: F401 - the client's string encoding, fixed on import
 
 OUTBOX_ID_PROPERTY = "x-outbox-id"
 # A publish frame's own bytes, and each message's beside its encoded data (the stream protocol's
@@ -62,7 +70,14 @@ class SendResult:
 
 
 class StreamGone(BrokerError):
-    """The stream does not exist (rows for it wait until it does)."""
+    """The stream cannot take messages now: it does not exist, has no leader (RabbitMQ 3.10
+    "creates" a stream whose name is too long for its data directory and never starts it),
+    or this user may not write to it. Rows for it wait until it can."""
+
+
+# What the broker says of one stream, not of the connection: the slot goes on with the others.
+_STREAM_REFUSALS = (StreamDoesNotExist, StreamNotAvailable, LeaderNotAvailable, AccessRefused,
+                    PreconditionFailed)
 
 
 def _message(row: Outgoing) -> AMQPMessage:
@@ -136,6 +151,9 @@ class SlotProducer:
                                             on_publish_confirm=on_confirm)
         except StreamDoesNotExist as exc:
             raise StreamGone(f"stream {stream!r} does not exist") from exc
+        except _STREAM_REFUSALS as exc:
+            raise StreamGone(f"stream {stream!r} cannot take messages: "
+                             f"{type(exc).__name__} {exc}") from exc
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), timeout_s)
         return SendResult(

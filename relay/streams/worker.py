@@ -76,6 +76,7 @@ class StreamWorker:
         self._waker_busy = asyncio.Lock()
         self._asleep = False
         self._producer_writing = 0  # quick looks taken since the lock was last refused
+        self._unavailable: set[str] = set()  # streams whose rows wait (said once)
         self._idle: set[int] = set()
         self._notified = asyncio.Event()
 
@@ -211,15 +212,18 @@ class StreamWorker:
                     log.warning("stream_slot_lease_lost", slot=slot)
                     return
                 rows = await store.assigned(slot, cfg.batch)
-                if not rows:
-                    # Nothing to send: look again soon (at once on a NOTIFY), less often the
-                    # longer it stays so.
+                if rows:
+                    await self._awake()
+                    if await self._send(store, producer, rows):
+                        idle = cfg.idle_s
+                        continue
+                    # Nothing went (their streams cannot take messages): try again later.
+                    await asyncio.sleep(idle)
+                else:
+                    # Nothing to send: look again soon (at once on a NOTIFY).
                     await self._idle_wait(slot, idle)
-                    idle = min(idle * 2, IDLE_MAX_S, cfg.lease_s / 3)
-                    continue
-                idle = cfg.idle_s
-                await self._awake()
-                await self._send(store, producer, rows)
+                # Less often the longer it stays so.
+                idle = min(idle * 2, IDLE_MAX_S, cfg.lease_s / 3)
         except (RelayError, OSError, ConnectionError) as exc:
             log.warning("stream_slot_failed", slot=slot, error=str(exc) or repr(exc))
             await asyncio.sleep(1.0)
@@ -235,15 +239,25 @@ class StreamWorker:
                 await store.close()
 
     async def _send(self, store: StreamStore, producer: SlotProducer,
-                    rows: list[StreamRow]) -> None:
+                    rows: list[StreamRow]) -> bool:
+        """Send the rows, stream by stream; whether any row was settled, refused or parked."""
+        progressed = False
         for stream, group in groupby(rows, key=lambda r: r.stream):
-            sendable = await self._park_too_large(store, producer, stream, list(group))
+            group_rows = list(group)
+            sendable = await self._park_too_large(store, producer, stream, group_rows)
+            progressed = progressed or len(sendable) < len(group_rows)
             for frame in _frames(sendable):
                 try:
                     result = await producer.send(stream, frame, self.config.confirm_timeout_s)
                 except StreamGone as exc:
-                    log.warning("stream_missing", stream=stream, error=str(exc))
+                    if stream not in self._unavailable:  # said once, until it comes back
+                        self._unavailable.add(stream)
+                        log.warning("stream_missing", stream=stream, error=str(exc))
                     break
+                if stream in self._unavailable:
+                    self._unavailable.discard(stream)
+                    log.info("stream_available", stream=stream)
+                progressed = progressed or bool(result.confirmed or result.refused)
                 await store.settle(result.confirmed)
                 await store.reassign(result.refused)
                 if result.refused:
@@ -252,7 +266,8 @@ class StreamWorker:
                     # Sent again, same ids, next round; later frames would skip past them.
                     log.warning("stream_rows_unanswered", stream=stream,
                                 rows=len(result.unanswered))
-                    return
+                    return progressed
+        return progressed
 
 
     async def _park_too_large(self, store: StreamStore, producer: SlotProducer, stream: str,

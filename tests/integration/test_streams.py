@@ -6,6 +6,7 @@ wait for it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import uuid
@@ -246,22 +247,34 @@ async def test_streams__a_row_sent_again_with_its_id_is_dropped_by_the_broker(
     assert [m["id"] for m in got] == [f"m{i}" for i in range(1, 11)]
 
 
-async def test_streams__rows_for_a_missing_stream_wait_for_it(env: Env, start_relay) -> None:
-    name = f"relay-test-{uuid.uuid4().hex[:10]}"
-    ids = await insert_stream_rows(env.pg_dsn, name, 20)
+async def test_streams__rows_for_a_missing_stream_wait_for_it_and_hold_back_no_other(
+    env: Env, stream: str, start_relay
+) -> None:
+    """1,500 rows for a stream that does not exist (more than a round's 1,000) come first in
+    the one slot; the rows for a stream that exists, written after them, still go, and the
+    missing stream is said once, not at every try."""
+    name = f"a-missing-{uuid.uuid4().hex[:10]}"  # sorts before the other stream's name
+    ids = await insert_stream_rows(env.pg_dsn, name, 1500)
+    others = await insert_stream_rows(env.pg_dsn, stream, 20)
     relay = start_relay(streams="true", stream_producers=1)
+    got_others = await read_stream(stream, at_least=20)
+    assert [m["id"] for m in got_others] == others
     await wait_until(lambda: any(e.get("event") == "stream_missing"
                                  for e in relay.log_events()), timeout_s=30,
                      what="the relay saying the stream is missing")
-    assert await count_rows(env.pg_dsn, STREAM_TABLE) == 20
+    await asyncio.sleep(2.0)  # rounds go by: still said once
+    said = [e for e in relay.log_events() if e.get("event") == "stream_missing"]
+    assert len(said) == 1, said
+    assert await count_rows(env.pg_dsn, STREAM_TABLE) == 1500
     doc = relay_status(env)
-    assert doc["stream_rows"] == 20, "relay status counts the rows waiting for streams"
+    assert doc["stream_rows"] == 1500, "relay status counts the rows waiting for streams"
     assert isinstance(doc["stream_oldest_age_s"], float)
     async with a_stream(name):
         await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
                          what="the stream table emptied once the stream exists")
-        got = await read_stream(name, at_least=20)
+        got = await read_stream(name, at_least=1500)
     assert [m["id"] for m in got] == ids
+    assert any(e.get("event") == "stream_available" for e in relay.log_events())
 
 
 async def test_streams__two_relays_share_the_producer_slots(

@@ -20,6 +20,8 @@ from rstream import (
     amqp_decoder,
 )
 
+import relay.streams.wire  # noqa: F401 - names outside ASCII, as the relay sends them
+
 STREAM_HOST = os.environ.get("RELAY_TEST_STREAM_HOST", "127.0.0.1")
 STREAM_PORT = int(os.environ.get("RELAY_TEST_STREAM_PORT", "5552"))
 CREDENTIALS = {"username": "guest", "password": "guest"}
