@@ -149,11 +149,9 @@ class SlotProducer:
         try:
             await self._producer.send_batch(stream, messages, publisher_name=self.name,
                                             on_publish_confirm=on_confirm)
-        except StreamDoesNotExist as exc:
-            raise StreamGone(f"stream {stream!r} does not exist") from exc
         except _STREAM_REFUSALS as exc:
             raise StreamGone(f"stream {stream!r} cannot take messages: "
-                             f"{type(exc).__name__} {exc}") from exc
+                             f"{type(exc).__name__} {exc}".rstrip()) from exc
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), timeout_s)
         return SendResult(

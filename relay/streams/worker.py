@@ -243,9 +243,9 @@ class StreamWorker:
         """Send the rows, stream by stream; whether any row was settled, refused or parked."""
         progressed = False
         for stream, group in groupby(rows, key=lambda r: r.stream):
-            group_rows = list(group)
-            sendable = await self._park_too_large(store, producer, stream, group_rows)
-            progressed = progressed or len(sendable) < len(group_rows)
+            outgoing = [Outgoing(r.id, r.body, r.publishing_id) for r in group]
+            sendable = await self._park_too_large(store, producer, stream, outgoing)
+            progressed = progressed or len(sendable) < len(outgoing)
             for frame in _frames(sendable):
                 try:
                     result = await producer.send(stream, frame, self.config.confirm_timeout_s)
@@ -269,17 +269,15 @@ class StreamWorker:
                     return progressed
         return progressed
 
-
     async def _park_too_large(self, store: StreamStore, producer: SlotProducer, stream: str,
-                              rows: list[StreamRow]) -> list[StreamRow]:
+                              rows: list[Outgoing]) -> list[Outgoing]:
         """Park the rows no publish frame of the connection can carry; the others.
 
         The stream protocol forbids a frame over the frame_max both sides agreed on; a broker
         that checks closes the connection, and the row, sent again at every try, would hold its
         slot's later rows for ever (RabbitMQ 3.10 lets such a frame through when it arrives in
         parts; the relay keeps to the protocol either way)."""
-        outgoing = [Outgoing(r.id, r.body, r.publishing_id) for r in rows]
-        too_large, limit = producer.too_large(outgoing)
+        too_large, limit = producer.too_large(rows)
         for row, size in too_large:
             await store.park([row.id], f"message of {size:,} bytes is over the stream "
                              f"connection's frame_max of {limit:,} bytes (raise RabbitMQ's "
@@ -290,7 +288,7 @@ class StreamWorker:
         return [r for r in rows if r.id not in parked]
 
 
-def _frames(rows: list[StreamRow]) -> list[list[Outgoing]]:
+def _frames(rows: list[Outgoing]) -> list[list[Outgoing]]:
     """The rows in publish frames of at most FRAME_BODY_BYTES of bodies each."""
     frames: list[list[Outgoing]] = [[]]
     size = 0
@@ -298,6 +296,6 @@ def _frames(rows: list[StreamRow]) -> list[list[Outgoing]]:
         if frames[-1] and size + len(r.body) > FRAME_BODY_BYTES:
             frames.append([])
             size = 0
-        frames[-1].append(Outgoing(r.id, r.body, r.publishing_id))
+        frames[-1].append(r)
         size += len(r.body)
     return [f for f in frames if f]
