@@ -29,7 +29,6 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aio_pika
 import asyncpg
@@ -40,7 +39,6 @@ from rstream import (
     ConsumerOffsetSpecification,
     MessageContext,
     OffsetType,
-    Producer,
     amqp_decoder,
 )
 
@@ -60,12 +58,12 @@ from bench.common import (
 )
 from bench.drain import drain_once
 from relay.inbox import ConsumerConfig, InboxConsumer, migrate
+from tests.kit.stream import CREDENTIALS, STREAM_HOST, STREAM_PORT, a_stream
 
 # Rows sent before the measured ones: each slot's first message to a stream declares its
 # publisher there (about 200 ms here), once per slot and stream for the life of the relay.
 WARM_UP_ROWS = 40
 BUSINESS = "CREATE TABLE IF NOT EXISTS orders (message_id text NOT NULL, body jsonb NOT NULL)"
-STREAM_PORT = 5552
 
 
 # ---------------------------------------------------------------------- the inbox
@@ -225,7 +223,6 @@ async def classic_drain_once(env: BenchEnv, rows: int) -> dict[str, Any]:
 async def stream_latency_once(env: BenchEnv, stream: str, rows: int,
                               notify: bool) -> dict[str, Any]:
     """`rows` one-row transactions to an idle relay, 20 a second; commit to receipt, in ms."""
-    credentials = _stream_credentials()
     received: dict[str, float] = {}
 
     async def on_message(message: AMQPMessage, _: MessageContext) -> None:
@@ -235,7 +232,7 @@ async def stream_latency_once(env: BenchEnv, stream: str, rows: int,
 
     relay = Relay(env.relay_env(streams="true"),
                   Path(tempfile.mkdtemp(prefix="bench-streams-")) / "relay.log")
-    consumer = Consumer(credentials.pop("host"), STREAM_PORT, **credentials)
+    consumer = Consumer(STREAM_HOST, STREAM_PORT, **CREDENTIALS)
     conn = await asyncpg.connect(env.dsn)
     sent: dict[str, float] = {}
     try:
@@ -277,33 +274,22 @@ async def stream_latency_once(env: BenchEnv, stream: str, rows: int,
             "max_ms": round(max(ms), 2)}
 
 
-def _stream_credentials() -> dict[str, str]:
-    url = urlsplit(AMQP_URL)
-    return {"host": url.hostname or "127.0.0.1", "username": url.username or "guest",
-            "password": url.password or "guest"}
-
-
 async def stream_runs(rows: int, runs: int, latency_rows: int, quiet_below: float,
                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Alternate classic and stream drains `runs` times, then the latency runs."""
     env = await create_env("streams")
-    stream = f"bench-{env.database}"
-    credentials = _stream_credentials()
-    producer = Producer(credentials.pop("host"), STREAM_PORT, **credentials)
-    await producer.start()
     try:
-        await producer.create_stream(stream, exists_ok=True)
-        drains = await alternate(runs, {
-            "classic": lambda: classic_drain_once(env, rows),
-            "stream": lambda: stream_drain_once(env, stream, rows)}, "destination", quiet_below)
-        latency = await alternate(runs, {
-            kind: lambda notify=(kind == "notify"): stream_latency_once(  # type: ignore[misc]
-                env, stream, latency_rows, notify)
-            for kind in ("notify", "poll")}, "wake-up", quiet_below)
+        async with a_stream(f"bench-{env.database}") as stream:
+            drains = await alternate(runs, {
+                "classic": lambda: classic_drain_once(env, rows),
+                "stream": lambda: stream_drain_once(env, stream, rows)},
+                "destination", quiet_below)
+            latency = await alternate(runs, {
+                kind: lambda notify=(kind == "notify"): stream_latency_once(  # type: ignore[misc]
+                    env, stream, latency_rows, notify)
+                for kind in ("notify", "poll")}, "wake-up", quiet_below)
         return drains, latency
     finally:
-        await producer.delete_stream(stream, missing_ok=True)
-        await producer.close()
         await drop_env(env)
 
 
