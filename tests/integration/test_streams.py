@@ -122,20 +122,13 @@ async def test_streams__an_idle_relay_is_woken_by_a_notify_and_producers_send_no
     """With no relay asleep a producer's INSERT sends no NOTIFY. A relay whose slots found
     nothing holds the stream table's wake-up lock and LISTENs: an INSERT then sends one (the
     test hears it too), and the row goes."""
+    first = await insert_unannounced(env.pg_dsn, stream, "no relay asleep")
+    start_relay(streams="true", stream_producers=2)
+    await wait_until(lambda: _sleepers(env.pg_dsn, 1), timeout_s=30,
+                     what="the idle relay holding the stream wake-up lock")
     heard: list[str] = []
-    channel = "queue_message_notify_stream"
     async with pg_session(env.pg_dsn) as listener:
-        await listener.add_listener(channel, lambda *args: heard.append(args[3]))
-        first = await insert_stream_rows(env.pg_dsn, stream, 1)
-        # Notifications arrive in commit order: once our marker is heard, a NOTIFY of the
-        # INSERT before it would have been too.
-        await pg_execute(env.pg_dsn, f"NOTIFY {channel}, 'marker'")
-        await wait_until(lambda: _heard(heard, "marker"), timeout_s=10, what="the marker")
-        assert heard == ["marker"], "no relay asleep: the producer sent no NOTIFY"
-        heard.clear()
-        start_relay(streams="true", stream_producers=2)
-        await wait_until(lambda: _sleepers(env.pg_dsn, 1), timeout_s=30,
-                         what="the idle relay holding the stream wake-up lock")
+        await listener.add_listener(STREAM_CHANNEL, lambda *args: heard.append(args[3]))
         second = await insert_stream_rows(env.pg_dsn, stream, 1)
         got = await read_stream(stream, at_least=2)
         assert [m["id"] for m in got] == first + second
@@ -148,19 +141,29 @@ async def test_streams__notify_off_disables_the_stream_wake_up_and_rows_still_go
     """`RELAY_NOTIFY=off` (producers using two-phase commit cannot NOTIFY) turns the stream
     table's trigger off too: a sleeping relay is not notified, and finds the row by polling."""
     relay_cmd(env, "migrate", notify="off")
-    heard: list[str] = []
-    channel = "queue_message_notify_stream"
     start_relay(streams="true", stream_producers=1)
     await wait_until(lambda: _sleepers(env.pg_dsn, 1), timeout_s=30,
                      what="the idle relay holding the stream wake-up lock")
-    async with pg_session(env.pg_dsn) as listener:
-        await listener.add_listener(channel, lambda *args: heard.append(args[3]))
-        rows = await insert_stream_rows(env.pg_dsn, stream, 1)
-        await pg_execute(env.pg_dsn, f"NOTIFY {channel}, 'marker'")
-        await wait_until(lambda: _heard(heard, "marker"), timeout_s=10, what="the marker")
-        assert heard == ["marker"], "notify off: the producer sent no NOTIFY"
+    rows = await insert_unannounced(env.pg_dsn, stream, "notify off")
     got = await read_stream(stream, at_least=1)
     assert [m["id"] for m in got] == rows
+
+
+STREAM_CHANNEL = "queue_message_notify_stream"
+
+
+async def insert_unannounced(dsn: str, stream: str, why: str) -> list[str]:
+    """Insert one row for `stream` and check that it sent no NOTIFY; its id."""
+    heard: list[str] = []
+    async with pg_session(dsn) as listener:
+        await listener.add_listener(STREAM_CHANNEL, lambda *args: heard.append(args[3]))
+        rows = await insert_stream_rows(dsn, stream, 1)
+        # Notifications arrive in commit order: once our marker is heard, a NOTIFY of the
+        # INSERT before it would have been too.
+        await pg_execute(dsn, f"NOTIFY {STREAM_CHANNEL}, 'marker'")
+        await wait_until(lambda: _heard(heard, "marker"), timeout_s=10, what="the marker")
+    assert heard == ["marker"], f"{why}: the producer sent no NOTIFY"
+    return rows
 
 
 async def _heard(heard: list[str], payload: str) -> bool:
