@@ -84,10 +84,7 @@ async def _replay_streams(dl: DeadLetters, args: argparse.Namespace, table: str)
     if not (args.ids or args.reason or args.all):
         raise UsageError("replay what? give IDs, --reason TEXT or --all")
     moved = await dl.stream_replay(args.ids or None, args.reason)
-    found = {i.lower() for i in moved}
-    for wanted in args.ids or []:
-        if wanted.lower() not in found:
-            print(f"no parked stream row {wanted} (matching the filters)")
+    _say_missing(args.ids, moved, "parked stream row")
     print(f"moved {len(moved)} parked stream row(s) back into {table}_stream")
     return EXIT_OK
 
@@ -119,12 +116,14 @@ async def _show(dl: DeadLetters, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _say_missing(which: Filter, ids: list[str]) -> None:
-    """Name the IDs given on the command line that are not dead letters (or not matching)."""
+def _say_missing(wanted_ids: list[str] | None, ids: list[str],
+                 what: str = "dead letter") -> None:
+    """Name the IDs given on the command line that are not among `ids` (not `what`s, or not
+    matching the filters)."""
     found = {i.lower() for i in ids}
-    for wanted in which.ids or []:
+    for wanted in wanted_ids or []:
         if wanted.lower() not in found:
-            print(f"no dead letter {wanted} (matching the filters)")
+            print(f"no {what} {wanted} (matching the filters)")
 
 
 async def _replay(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
@@ -134,7 +133,7 @@ async def _replay(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
     if not (which.narrows or args.all):
         raise UsageError("replay what? give IDs, --reason TEXT, --older-than AGE or --all")
     ids = await dl.snapshot(which)
-    _say_missing(which, ids)
+    _say_missing(which.ids, ids)
     if args.dry_run:
         print(f"would replay {len(ids)} dead letter(s) into {table}")
         return EXIT_OK
@@ -152,7 +151,7 @@ async def _purge(dl: DeadLetters, args: argparse.Namespace) -> int:
         raise UsageError(f"purge would delete all {total} dead letter(s): say --all, or "
                          "narrow it with --older-than AGE, --reason TEXT or IDs")
     if which.ids:
-        _say_missing(which, await dl.snapshot(which))
+        _say_missing(which.ids, await dl.snapshot(which))
     # By each dead letter's own key: an id parked again under another reason keeps the
     # dead letters that did not match.
     keys = await dl.snapshot_keys(which)
