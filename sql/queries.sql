@@ -1012,16 +1012,10 @@ SELECT EXISTS (SELECT 1 FROM {stream_table} WHERE slot IS NULL)
 SELECT pg_advisory_unlock({wakeup_lock_class}, {stream_literal}::regclass::oid::int)
 
 -- name: stream_park
--- Rows that can never be sent ($1: ids) move to the stream dead letters with reason $2; how many.
-WITH moved AS (
-    DELETE FROM {stream_table} WHERE id = ANY ($1::uuid[])
-    RETURNING id, stream, content, created_at
-), parked AS (
-    INSERT INTO {stream_dead} (id, stream, content, created_at, reason)
-    SELECT id, stream, content, created_at, $2 FROM moved
-    RETURNING 1
-)
-SELECT count(*)::int FROM parked
+-- Rows that can never be sent ($1: ids) move to the stream dead letters with reason $2, through
+-- {stream_park_fn} (sql/migrations/0020_stream_definer_functions.sql: the relay role has no
+-- INSERT on them); how many.
+SELECT {stream_park_fn}($1::uuid[], $2::text)
 
 -- name: stream_dead_list
 -- `relay dead list --streams`: parked stream rows, oldest first ($1: reason text or NULL, $2:
@@ -1034,16 +1028,10 @@ LIMIT $2
 
 -- name: stream_dead_replay
 -- `relay dead replay --streams`: parked stream rows back into the stream table, same id and
--- content, to be sent again ($1: ids or NULL for all, $2: reason text or NULL); the ids moved.
-WITH back AS (
-    DELETE FROM {stream_dead}
-    WHERE ($1::uuid[] IS NULL OR id = ANY ($1::uuid[]))
-      AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
-    RETURNING id, stream, content, created_at
-)
-INSERT INTO {stream_table} (id, stream, content, created_at)
-SELECT id, stream, content, created_at FROM back
-RETURNING id::text
+-- content, to be sent again ($1: ids or NULL for all, $2: reason text or NULL), through
+-- {stream_replay_fn} (sql/migrations/0020_stream_definer_functions.sql): the relay role has no
+-- INSERT on the stream table. The ids moved.
+SELECT {stream_replay_fn}($1::uuid[], $2::text)
 
 -- name: stream_status
 -- `relay status`: rows waiting for their streams, how long the oldest has waited, and rows

@@ -76,7 +76,12 @@ GRANT SELECT, DELETE ON {stream_table} TO {relay_role};
 GRANT UPDATE (slot, publishing_id) ON {stream_table} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE ON {stream_slots}, {stream_seq} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {stream_relays} TO {relay_role};
-GRANT SELECT, INSERT ON {stream_dead} TO {relay_role};
+-- Rows that can never be sent are parked and replayed through definer functions (0020): no
+-- INSERT on the parked rows' table, whose rows replay turns back into messages.
+REVOKE INSERT, UPDATE ON {stream_dead} FROM {relay_role};
+GRANT SELECT ON {stream_dead} TO {relay_role};
+GRANT EXECUTE ON FUNCTION {stream_park_fn}(uuid[], text) TO {relay_role};
+GRANT EXECUTE ON FUNCTION {stream_replay_fn}(uuid[], text) TO {relay_role};
 
 -- Neither role draws from the seq sequence (identity defaults need no grant; settling copies
 -- seq): take back what older versions of this file granted.

@@ -642,6 +642,42 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.queue_message_stream_park(p_ids uuid[], p_reason text) RETURNS integer
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+WITH moved AS (
+    DELETE FROM "queue_message_stream" WHERE id = ANY (p_ids)
+    RETURNING id, stream, content, created_at
+), parked AS (
+    INSERT INTO "queue_message_stream_dead" (id, stream, content, created_at, reason)
+    SELECT id, stream, content, created_at, p_reason FROM moved
+    RETURNING 1
+)
+SELECT count(*)::int FROM parked
+$$;
+
+CREATE FUNCTION public.queue_message_stream_replay(p_ids uuid[], p_reason text) RETURNS SETOF text
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+WITH picked AS (
+    SELECT d.dead_id FROM "queue_message_stream_dead" AS d
+    WHERE d.dead_id IN (SELECT max(m.dead_id) FROM "queue_message_stream_dead" AS m
+                        WHERE (p_ids IS NULL OR m.id = ANY (p_ids))
+                          AND (p_reason IS NULL OR strpos(lower(m.reason), lower(p_reason)) > 0)
+                        GROUP BY m.id)
+      AND NOT EXISTS (SELECT 1 FROM "queue_message_stream" AS t WHERE t.id = d.id)
+    FOR UPDATE SKIP LOCKED
+), back AS (
+    DELETE FROM "queue_message_stream_dead" AS d USING picked AS p WHERE d.dead_id = p.dead_id
+    RETURNING d.dead_id, d.id, d.stream, d.content, d.created_at
+)
+INSERT INTO "queue_message_stream" (id, stream, content, created_at)
+SELECT id, stream, content, created_at FROM back ORDER BY dead_id
+RETURNING id::text
+$$;
+
 CREATE TABLE public.queue_message (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     exchange text NOT NULL,

@@ -112,6 +112,11 @@ class TableNames:
             "stream_assigned_check": quote_ident(self.name + "_stream_assigned"),
             "stream_unassigned_idx": quote_ident(self.name + "_stream_unassigned_idx"),
             "stream_assigned_idx": quote_ident(self.name + "_stream_assigned_idx"),
+            # sql/migrations/0020_stream_definer_functions.sql
+            "stream_park_fn": self._q("_stream_park"),
+            "stream_park_fn_literal": quote_literal(self._q("_stream_park")),
+            "stream_replay_fn": self._q("_stream_replay"),
+            "stream_replay_fn_literal": quote_literal(self._q("_stream_replay")),
             # Spark's staging tables: a schema of their own (sql/migrations/0010).
             "stage_schema": quote_ident(self.name + "_stage"),
             "stage_schema_literal": quote_literal(self.name + "_stage"),

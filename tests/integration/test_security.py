@@ -272,8 +272,9 @@ async def test_roles__stream_rows_by_the_producer_role_sent_by_the_relay_role(
     env: Env, roles: Roles, start_relay
 ) -> None:
     """The stream table (docs/streams.md) under the same roles: a producer inserts a stream and
-    a content and nothing else; the relay role gives slots and ids, sends and deletes, and parks
-    a row too large for a frame."""
+    a content and nothing else; the relay role gives slots and ids, sends and deletes, parks a
+    row too large for a frame and replays it, through definer functions only: it can write
+    neither a stream row nor a parked one of its own making."""
     from tests.kit.stream import a_stream, read_stream
 
     async with a_stream(f"relay-test-{secrets.token_hex(5)}") as stream:
@@ -306,6 +307,24 @@ async def test_roles__stream_rows_by_the_producer_role_sent_by_the_relay_role(
 
         await wait_until(metric_read, timeout_s=30, what="relay_stream_dead_rows 1 in /metrics")
         assert relay.terminate() == 0
+    async with pg_session(as_user(env.pg_dsn, roles.relay_login)) as relay_role:
+        for sql in ("INSERT INTO queue_message_stream (stream, content) VALUES ('s', '{}')",
+                    "INSERT INTO queue_message_stream_dead (id, stream, content, created_at, "
+                    "reason) VALUES (gen_random_uuid(), 's', '{}', now(), 'forged')",
+                    "UPDATE queue_message_stream_dead SET content = '{}'"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await relay_role.execute(sql)
+    async with pg_session(as_user(env.pg_dsn, roles.producer_login)) as producer:
+        for sql in ("SELECT queue_message_stream_replay(NULL, NULL)",
+                    "SELECT queue_message_stream_park(ARRAY[gen_random_uuid()], 'r')"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await producer.execute(sql)
+    replayed = relay_cmd(env, "dead", "replay", "--streams", "--all",
+                         pg_dsn=as_user(env.pg_dsn, roles.relay_login))
+    assert replayed.returncode == 0, replayed.stderr
+    assert "moved 1 parked stream row(s) back" in replayed.stdout
+    assert await count_rows(env.pg_dsn, "queue_message_stream_dead") == 0
+    assert await count_rows(env.pg_dsn, "queue_message_stream") == 1
 
 
 async def _stream_empty(env: Env) -> bool:

@@ -111,6 +111,32 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
     assert "Traceback" not in refused
 
 
+async def test_streams__replay_moves_an_id_once_and_never_over_a_row_still_waiting(
+    env: Env, stream: str
+) -> None:
+    """An id parked twice (replayed, then parked again) moves back once, its latest parking; a
+    parked id whose row is in the stream table again stays parked instead of failing the whole
+    replay on the table's key."""
+    twice, waiting, plain = (str(uuid.uuid4()) for _ in range(3))
+    # Hand-written INSERTs: parked rows as the relay leaves them are the subject.
+    await pg_fetch(env.pg_dsn, "INSERT INTO queue_message_stream_dead "
+                   "(id, stream, content, created_at, reason) VALUES "
+                   "($1, $4, '{\"v\": 1}', now(), 'first'), "
+                   "($1, $4, '{\"v\": 2}', now(), 'second'), "
+                   "($2, $4, '{}', now(), 'r'), ($3, $4, '{}', now(), 'r')",
+                   twice, waiting, plain, stream)
+    await pg_fetch(env.pg_dsn, "INSERT INTO queue_message_stream (id, stream, content) "
+                   "VALUES ($1, $2, '{}')", waiting, stream)
+    out = relay_cmd(env, "dead", "replay", "--streams", "--all")
+    assert "moved 2 parked stream row(s) back" in out
+    back = await pg_fetch(env.pg_dsn, "SELECT id::text, content->>'v' AS v "
+                          "FROM queue_message_stream ORDER BY seq")
+    assert [(r["id"], r["v"]) for r in back] == [(waiting, None), (twice, "2"), (plain, None)]
+    left = await pg_fetch(env.pg_dsn, "SELECT id::text, reason FROM queue_message_stream_dead "
+                          "ORDER BY dead_id")
+    assert [(r["id"], r["reason"]) for r in left] == [(twice, "first"), (waiting, "r")]
+
+
 SLEEPERS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND mode = 'ExclusiveLock' AND objid = 'queue_message_stream'::regclass::oid "
             "AND objsubid = 2")
