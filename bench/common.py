@@ -449,6 +449,38 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
+def tail_ms(ms: list[float], prefix: str = "") -> dict[str, float | None]:
+    """p50, p95, p99 and max of latencies in ms (`<prefix>p50_ms`...); None when none."""
+    return {f"{prefix}{name}_ms": round(percentile(ms, q), 2) if ms else None
+            for name, q in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))}
+
+
+class Receipts(dict[str, float]):
+    """When each message reached this process (CLOCK_MONOTONIC, one clock for every process
+    of the machine), by message id."""
+
+    async def consume(self, amqp: aio_pika.abc.AbstractConnection, queue: str,
+                      prefetch: int) -> None:
+        """Take every message of `queue` from now on (no ack), noting its arrival."""
+        channel = await amqp.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        await (await channel.get_queue(queue)).consume(self.note, no_ack=True)
+
+    async def note(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        """The first arrival of a message id."""
+        self.setdefault(str(message.message_id), time.monotonic())
+
+    async def wait_for(self, ids: Iterable[str], timeout_s: float = 60.0) -> None:
+        """Until every one of `ids` arrived; TimeoutError naming how many did not."""
+        wanted = set(ids)
+        deadline = time.monotonic() + timeout_s
+        while missing := wanted - self.keys():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(missing)} of {len(wanted)} messages did not arrive "
+                                   f"within {timeout_s:g} s")
+            await asyncio.sleep(0.05)
+
+
 def parse_rates(text: str) -> list[tuple[int, int]]:
     """`--rates 1000:4,3000:16`: (commits per second, producer connections) pairs."""
     pairs = []

@@ -15,10 +15,6 @@ The bulk queue is not consumed during the run (as in bench/drain.py); the live q
 
 from __future__ import annotations
 
-import asyncio
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +24,23 @@ import asyncpg
 from bench.common import (
     AMQP_URL,
     BenchEnv,
+    Receipts,
     Relay,
     checkpoint,
     insert_backlog,
     load_before,
-    percentile,
     purge_queue,
+    tail_ms,
     wait_drained,
 )
+from bench.producer import ProducerProcess
 
 LIVE_KEY = "live"
 LIVE_RATE = 200  # one-row transactions per second, the targets' rate
 
 
 async def bind_live_queue(env: BenchEnv) -> str:
+    """The queue of the live rows' routing key, bound to the scenario's exchange."""
     queue = env.queue + "-live"
     amqp = await aio_pika.connect(AMQP_URL)
     try:
@@ -53,7 +52,8 @@ async def bind_live_queue(env: BenchEnv) -> str:
     return queue
 
 
-async def _bulk(env: BenchEnv, rows: int, live: Live | None = None) -> tuple[float, float]:
+async def _bulk(env: BenchEnv, rows: int, live: ProducerProcess | None = None,
+                ) -> tuple[float, float]:
     """Commit the bulk (and start `live`'s producer at once); (commit time, time drained)."""
     conn = await asyncpg.connect(env.dsn)
     try:
@@ -66,52 +66,17 @@ async def _bulk(env: BenchEnv, rows: int, live: Live | None = None) -> tuple[flo
     return committed, drained
 
 
-@dataclass
-class Live:
-    """The application's producer: one row per transaction at `rate`, in its own process
-    (bench/producer.py), to the live routing key; each row's id and commit time go to `out`."""
-
-    env: BenchEnv
-    rate: int
-    seconds: float
-    out: Path
-    proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        """Start producing."""
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.producer", "--dsn", self.env.dsn,
-            "--exchange", self.env.exchange, "--rate", str(self.rate), "--connections", "1",
-            "--seconds", str(self.seconds), "--routing-key", LIVE_KEY, "--out", str(self.out),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-
-    async def committed(self) -> dict[str, float]:
-        """Wait for the producer to end; each row's commit time (CLOCK_MONOTONIC), by id."""
-        assert self.proc is not None
-        _, stderr = await self.proc.communicate()
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"live producer failed: {stderr.decode()[-2000:]}")
-        pairs = (line.split() for line in self.out.read_text().splitlines())
-        return {row_id: float(t) for row_id, t in pairs}
-
-
 async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
                    relays: int, log_dir: Path, settings: dict[str, str]) -> dict[str, Any]:
     """The bulk alone, then beside live rows, with the same running relays."""
     procs = [Relay(env.relay_env(**settings), log_dir / f"relay-{i}.log")
              for i in range(relays)]
-    received: dict[str, float] = {}
-
-    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        received.setdefault(str(message.message_id), time.monotonic())
-
+    received = Receipts()
     amqp = await aio_pika.connect(AMQP_URL)
     try:
         for proc in procs:
             await proc.wait_started()
-        channel = await amqp.channel()
-        await channel.set_qos(prefetch_count=1000)
-        await (await channel.get_queue(live_queue)).consume(on_message, no_ack=True)
+        await received.consume(amqp, live_queue, prefetch=1000)
 
         await checkpoint(env)
         load_alone = load_before()
@@ -121,16 +86,12 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
 
         await checkpoint(env)
         load_mixed = load_before()
-        live = Live(env, live_rate, alone_s * 1.5 + 2, log_dir / "live-ids.txt")
+        live = ProducerProcess(env, live_rate, alone_s * 1.5 + 2, log_dir / "live-ids.txt",
+                               routing_key=LIVE_KEY)
         start, end = await _bulk(env, rows, live)
         mixed_s = end - start
         committed = await live.committed()
-        deadline = time.monotonic() + 60
-        while committed.keys() - received.keys():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(committed.keys() - received.keys())} live rows "
-                                   "never arrived")
-            await asyncio.sleep(0.05)
+        await received.wait_for(committed)
     finally:
         for proc in procs:
             proc.stop()
@@ -148,9 +109,6 @@ async def run_once(env: BenchEnv, live_queue: str, rows: int, *, live_rate: int,
         "beside_live_msg_per_s": round(rows / mixed_s, 1),
         "drain_ratio": round(alone_s / mixed_s, 3),
         "live_rows_during_drain": len(during),
-        "live_p50_ms": round(percentile(during, 50), 2) if during else None,
-        "live_p95_ms": round(percentile(during, 95), 2) if during else None,
-        "live_p99_ms": round(percentile(during, 99), 2) if during else None,
-        "live_max_ms": round(max(during), 2) if during else None,
+        **tail_ms(during, "live_"),
         "load_before_alone": load_alone, "load_before_beside": load_mixed,
     }

@@ -10,8 +10,6 @@ warm-up (prepared statements, connection start) and is left out of the percentil
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import tempfile
 import time
 import uuid
@@ -22,25 +20,19 @@ import aio_pika
 import asyncpg
 
 from bench import common
-from bench.common import AMQP_URL, BenchEnv, Relay, checkpoint, load_before, percentile
+from bench.common import (
+    AMQP_URL,
+    BenchEnv,
+    Receipts,
+    Relay,
+    checkpoint,
+    load_before,
+    percentile,
+    tail_ms,
+)
+from bench.producer import ProducerProcess
 
 WARMUP_S = 1.0
-
-
-
-async def produce(env: BenchEnv, rate: int, connections: int, seconds: float,
-                   out: Path) -> dict[str, Any]:
-    """bench/producer.py in its own process; its JSON report (commits, achieved_per_s)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.producer", "--dsn", env.dsn, "--exchange", env.exchange,
-        "--rate", str(rate), "--connections", str(connections), "--seconds", str(seconds),
-        "--out", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    stdout, stderr = await proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"producer failed: {stderr.decode()[-2000:]}")
-    result: dict[str, Any] = json.loads(stdout.decode().strip().splitlines()[-1])
-    return result
 
 
 async def latency_once(
@@ -62,28 +54,16 @@ async def latency_once(
     load = load_before()
     before = await measure_floor(dsn=env.dsn)
     relay = Relay(env.relay_env(**relay_overrides), log_dir / "relay.log")
-    received: dict[str, float] = {}
-
-    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        received.setdefault(str(message.message_id), time.monotonic())
-
+    received = Receipts()
+    producer = ProducerProcess(env, rate_per_s, duration_s, log_dir / "ids.txt",
+                               connections=connections)
     amqp = await aio_pika.connect(AMQP_URL)
     try:
-        channel = await amqp.channel()
-        await channel.set_qos(prefetch_count=5000)
-        queue = await channel.get_queue(env.queue)
-        await queue.consume(on_message, no_ack=True)
+        await received.consume(amqp, env.queue, prefetch=5000)
         await relay.wait_started()
-        produced = await produce(env, rate_per_s, connections, duration_s, log_dir / "ids.txt")
-        committed = {}
-        for line in (log_dir / "ids.txt").read_text().splitlines():
-            row_id, t = line.split()
-            committed[row_id] = float(t)
-        deadline = time.monotonic() + 60
-        while len(received.keys() & committed.keys()) < len(committed):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(committed) - len(received)} messages never arrived")
-            await asyncio.sleep(0.05)
+        await producer.start()
+        committed = await producer.committed()
+        await received.wait_for(committed)
     finally:
         relay.stop()
         await amqp.close()
@@ -92,15 +72,13 @@ async def latency_once(
     # Each row's commit time and latency, for reading where a tail comes from (log_dir).
     (log_dir / "latencies.txt").write_text("".join(
         f"{t - start:.6f} {(received[k] - t) * 1000:.3f}\n" for k, t in committed.items()))
+    assert producer.report is not None
     return {
         "rate_per_s": rate_per_s,
         "connections": connections,
-        "achieved_per_s": produced["achieved_per_s"],
+        "achieved_per_s": producer.report["achieved_per_s"],
         "messages": len(lat_ms),
-        "p50_ms": round(percentile(lat_ms, 50), 2),
-        "p95_ms": round(percentile(lat_ms, 95), 2),
-        "p99_ms": round(percentile(lat_ms, 99), 2),
-        "max_ms": round(max(lat_ms), 2),
+        **tail_ms(lat_ms),
         "load_before": load,
         "floor": before,
     }

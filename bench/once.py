@@ -46,6 +46,7 @@ from bench.common import (
     AMQP_URL,
     BODY_SQL,
     BenchEnv,
+    Receipts,
     Relay,
     alternate,
     alternation_table,
@@ -53,8 +54,8 @@ from bench.common import (
     drop_env,
     load_before,
     one_off,
-    percentile,
     run_on_private_server,
+    tail_ms,
 )
 from bench.drain import drain_once
 from relay.inbox import ConsumerConfig, InboxConsumer, migrate
@@ -223,12 +224,12 @@ async def classic_drain_once(env: BenchEnv, rows: int) -> dict[str, Any]:
 async def stream_latency_once(env: BenchEnv, stream: str, rows: int,
                               notify: bool) -> dict[str, Any]:
     """`rows` one-row transactions to an idle relay, 20 a second; commit to receipt, in ms."""
-    received: dict[str, float] = {}
+    received = Receipts()
 
     async def on_message(message: AMQPMessage, _: MessageContext) -> None:
         raw = (message.application_properties or {}).get(b"x-outbox-id")
         if isinstance(raw, bytes):
-            received[raw.decode()] = time.monotonic()
+            received.setdefault(raw.decode(), time.monotonic())
 
     relay = Relay(env.relay_env(streams="true"),
                   Path(tempfile.mkdtemp(prefix="bench-streams-")) / "relay.log")
@@ -257,11 +258,7 @@ async def stream_latency_once(env: BenchEnv, stream: str, rows: int,
             if i >= WARM_UP_ROWS:
                 sent[row_id] = time.monotonic()
             await asyncio.sleep(rng.expovariate(20.0))
-        deadline = time.monotonic() + 60
-        while len(received.keys() & sent.keys()) < rows:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(received)} of {rows} rows reached the stream")
-            await asyncio.sleep(0.05)
+        await received.wait_for(sent)
     finally:
         await conn.execute("ALTER TABLE queue_message_stream "
                            "ENABLE TRIGGER queue_message_stream_notify")
@@ -269,9 +266,7 @@ async def stream_latency_once(env: BenchEnv, stream: str, rows: int,
         await consumer.close()
         relay.stop()
     ms = [(received[i] - t) * 1000 for i, t in sent.items()]
-    return {"rows": rows, "load_before": load,
-            **{f"p{q}_ms": round(percentile(ms, q), 2) for q in (50, 95, 99)},
-            "max_ms": round(max(ms), 2)}
+    return {"rows": rows, "load_before": load, **tail_ms(ms)}
 
 
 async def stream_runs(rows: int, runs: int, latency_rows: int, quiet_below: float,

@@ -17,11 +17,13 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
-from bench.common import ROUTING_KEY
+from bench.common import ROUTING_KEY, BenchEnv
 
 INSERT = (
     "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) "
@@ -62,6 +64,40 @@ async def produce(dsn: str, exchange: str, rate: float, connections: int,
             await c.close()
     last = max((t for _, t in out), default=start + seconds)
     return out, max(last - start, seconds)
+
+
+@dataclass
+class ProducerProcess:
+    """This module in a process of its own, as a scenario starts it: `rate` commits a second
+    for `seconds` on `connections` to `env`'s exchange; each row's id and commit time in `out`."""
+
+    env: BenchEnv
+    rate: int
+    seconds: float
+    out: Path
+    connections: int = 1
+    routing_key: str = ROUTING_KEY
+    proc: asyncio.subprocess.Process | None = None
+    report: dict[str, Any] | None = None  # its JSON line: commits, achieved_per_s
+
+    async def start(self) -> None:
+        """Start producing."""
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.producer", "--dsn", self.env.dsn,
+            "--exchange", self.env.exchange, "--rate", str(self.rate),
+            "--connections", str(self.connections), "--seconds", str(self.seconds),
+            "--routing-key", self.routing_key, "--out", str(self.out),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+    async def committed(self) -> dict[str, float]:
+        """Wait for the producer to end; each row's commit time (CLOCK_MONOTONIC), by id."""
+        assert self.proc is not None
+        stdout, stderr = await self.proc.communicate()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"producer failed: {stderr.decode()[-2000:]}")
+        self.report = json.loads(stdout.decode().strip().splitlines()[-1])
+        pairs = (line.split() for line in self.out.read_text().splitlines())
+        return {row_id: float(t) for row_id, t in pairs}
 
 
 def main(argv: list[str] | None = None) -> int:
