@@ -90,22 +90,33 @@ def _message(row: Outgoing) -> AMQPMessage:
     return message
 
 
+class _Producer(Producer):
+    """rstream's producer with its first (locator) connection kept open for its whole life.
+
+    The client closes that connection each time it opens one to a new stream's leader, and its
+    close waits 200 ms: each slot's first message to each stream waited for it, so after a
+    start or takeover a slot serving 100 streams stalled 20 s. The slot asks the locator for
+    its last stored ids (takeover) anyway; closing the producer closes every connection.
+    tests/unit/test_stream_wire.py checks that the client still closes it there."""
+
+    async def _close_locator_connection(self) -> None:
+        return None
+
+
 class SlotProducer:
-    """The named producer of one slot, on a connection of its own."""
+    """The named producer of one slot, on a connection of its own (and a locator's)."""
 
     def __init__(self, server: StreamServer, name: str, *,
                  frame_max: int = ASKED_FRAME_MAX) -> None:
         self.name = name
         self.frame_max = 0  # known once started
-        self._producer = Producer(server.host, server.port, username=server.username,
-                                  password=server.password, vhost=server.vhost,
-                                  frame_max=frame_max, connection_name=f"outbox-relay {name}")
+        self._producer = _Producer(server.host, server.port, username=server.username,
+                                   password=server.password, vhost=server.vhost,
+                                   frame_max=frame_max, connection_name=f"outbox-relay {name}")
 
     async def start(self) -> None:
         """Connect, and note the frame_max the broker agreed to."""
         await self._producer.start()
-        # Read once: rstream closes this first (locator) connection when it opens the first
-        # stream's, and asking again would open a new one.
         self.frame_max = int((await self._producer.default_client).frame_max)
 
     async def close(self) -> None:

@@ -276,6 +276,29 @@ async def test_streams__a_row_sent_again_with_its_id_is_dropped_by_the_broker(
     assert [m["id"] for m in got] == [f"m{i}" for i in range(1, 11)]
 
 
+async def test_streams__a_slot_opens_streams_on_one_locator_connection_kept_open(
+    stream: str
+) -> None:
+    """A slot's producer sends to one stream, then another, then asks the broker for its last
+    stored ids: one locator connection serves it all, open from start to close (the client
+    would close it at each new stream, waiting 200 ms before that stream's first message)."""
+    producer = SlotProducer(SERVER, "relay-test-locator")
+    await producer.start()
+    try:
+        locator = await producer._producer.default_client
+        async with a_stream(f"relay-test-{uuid.uuid4().hex[:10]}") as other:
+            for name in (stream, other):
+                result = await producer.send(name, [Outgoing(f"{name}-1", b"{}", 1)],
+                                             timeout_s=20)
+                assert result.confirmed == [f"{name}-1"], result
+                assert await producer.last_stored(name) == 1
+                assert await producer._producer.default_client is locator
+                assert locator.is_connection_alive()
+    finally:
+        await producer.close()
+    assert not locator.is_connection_alive()
+
+
 async def test_streams__rows_for_a_missing_stream_wait_for_it_and_hold_back_no_other(
     env: Env, stream: str, start_relay
 ) -> None:

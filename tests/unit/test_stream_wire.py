@@ -1,11 +1,17 @@
-"""The stream client's strings on the wire: a length in UTF-8 bytes, then the bytes (the stream
-protocol's rule). rstream 1.1.1 counts characters; relay/streams/wire.py fixes that on import.
-A later client that encodes strings another way fails here, not in production."""
+"""Where the relay reaches into the stream client (rstream), checked against the pinned client:
+
+- strings on the wire: a length in UTF-8 bytes, then the bytes (the stream protocol's rule).
+  rstream 1.1.1 counts characters; relay/streams/wire.py fixes that on import. A later client
+  that encodes strings another way fails here, not in production.
+- the locator connection: the client closes it (a 200 ms wait) when it opens a new stream's
+  connection, through the method relay/streams/producer.py overrides to keep it open."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
-from rstream import encoding, schema
+from rstream import Producer, encoding, schema
 from rstream.constants import T
 
 import relay.streams.wire  # noqa: F401 - the fix under test
@@ -24,3 +30,13 @@ def test_a_whole_frame_with_a_name_outside_ascii__decodes_to_the_same_frame() ->
     assert int.from_bytes(encoded[:4], "big") == len(encoded) - 4
     decoded = encoding.decode_frame(encoded[4:])
     assert decoded == frame
+
+
+def test_the_client_closes_its_locator_connection_through_the_method_the_relay_overrides() -> None:
+    from relay.streams.producer import _Producer
+
+    opens_a_stream = inspect.getsource(Producer._get_or_create_client)
+    assert "await self._close_locator_connection()" in opens_a_stream
+    closes = inspect.getsource(Producer._close_locator_connection)
+    assert ".close()" in closes
+    assert _Producer._close_locator_connection is not Producer._close_locator_connection
