@@ -824,6 +824,9 @@ ALTER TABLE ONLY public.queue_message
 ALTER TABLE ONLY public.queue_message_stream_dead
     ADD CONSTRAINT queue_message_stream_dead_pkey PRIMARY KEY (dead_id);
 
+ALTER TABLE public.queue_message_stream
+    ADD CONSTRAINT queue_message_stream_name_servable CHECK (((strpos(stream, chr(13)) = 0) AND (strpos(stream, chr(10)) = 0) AND ("left"(stream, 4) <> 'amq.'::text))) NOT VALID;
+
 ALTER TABLE ONLY public.queue_message_stream
     ADD CONSTRAINT queue_message_stream_pkey PRIMARY KEY (id);
 

@@ -8,9 +8,12 @@ asks the real RabbitMQ to create the stream by that name, writes the rows on the
 PostgreSQL, lets a real relay send them, and reads the stream from `first`: each row once, in
 row order, its body the JSON it was written as (as jsonb prints it: the same values, numbers
 exactly as decimals), its `x-outbox-id` the row id. A stream the broker refuses to create, or
-cannot serve, leaves the rows in the table, where `relay status` counts them. Cases it found
-stay as examples: any name outside ASCII broke the stream client's frames (relay/streams/wire.py
-fixes it), and a 254-byte name is "created" but never served."""
+cannot serve, leaves the rows in the table, where `relay status` counts them; a name no stream
+can have (a CR or LF in it, or the prefix "amq.") is refused at the INSERT. Cases it found stay
+as examples: any name outside ASCII broke the stream client's frames (relay/streams/wire.py
+fixes it), a 254-byte name is "created" but never served, and a name with a CR or LF created a
+stream without them (the broker strips them on create, not on look-up), so its rows waited for
+ever (sql/migrations/0021_stream_name_check.sql)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,25 @@ _json: st.SearchStrategy[Any] = st.recursive(
     lambda children: st.lists(children, max_size=4)
     | st.dictionaries(st.text(_chars, max_size=8), children, max_size=4),
     max_leaves=12)
+
+
+def no_stream_can_have(name: str) -> bool:
+    """RabbitMQ's rule (rabbit_stream_utils:enforce_correct_name): it strips CR and LF from a
+    name it creates but not from one it looks up, and refuses the prefix "amq."."""
+    return "\r" in name or "\n" in name or name.startswith("amq.")
+
+
+async def _refused_by(dsn: str, name: str) -> str | None:
+    """The constraint that refuses a row for this stream name (None: the row is written)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("INSERT INTO queue_message_stream (stream, content) VALUES ($1, '{}')",
+                           name)
+    except asyncpg.CheckViolationError as exc:
+        return str(exc.constraint_name)
+    finally:
+        await conn.close()
+    return None
 
 
 async def _round_trip(dsn: str, name: str, contents: list[Any], servable: bool,
@@ -87,9 +109,17 @@ async def _round_trip(dsn: str, name: str, contents: list[Any], servable: bool,
 @example(name="é" * 127, contents=[{"too long": "for the broker's data directory"}])
 @example(name="amq.reserved", contents=[{}])
 @example(name="0", contents=[3.73995626663537e16])
+@example(name="x\r", contents=[{}])
+@example(name="a\nb", contents=[{}])
 def test_stream_rows__reach_their_stream_once_as_written_or_wait_counted(
     env: Env, start_relay, name: str, contents: list[Any]
 ) -> None:
+    refused_by = asyncio.run(_refused_by(env.pg_dsn, name))
+    if no_stream_can_have(name):
+        assert refused_by == "queue_message_stream_name_servable", name
+        return
+    assert refused_by is None, (name, refused_by)
+    asyncio.run(_delete_rows(env.pg_dsn, name))  # the probe's row
     if not getattr(start_relay, "started", False):
         start_relay(streams="true", stream_producers=1)
         start_relay.started = True  # one relay for every example
@@ -109,3 +139,11 @@ def test_stream_rows__reach_their_stream_once_as_written_or_wait_counted(
 
 def _exact(text: str | bytes) -> Any:
     return json.loads(text, parse_float=Decimal, parse_int=Decimal)
+
+
+async def _delete_rows(dsn: str, name: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("DELETE FROM queue_message_stream WHERE stream = $1", name)
+    finally:
+        await conn.close()
