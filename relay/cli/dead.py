@@ -35,6 +35,9 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         return now - timedelta(seconds=parse_duration_s(text))
     except UsageError:
         pass
+    except OverflowError:  # an age reaching before the year 1 (or past what timedelta holds)
+        raise UsageError(f"invalid --since {text!r}: an age that reaches before the year 1"
+                         ) from None
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:

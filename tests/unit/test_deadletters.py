@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from relay.pg.deadletters import UsageError, check_ids, parse_duration_s
@@ -44,6 +44,8 @@ def test_parse_since__an_age_or_a_time_utc_unless_it_says() -> None:
 
 
 @given(st.text(max_size=40))
+@example("64000000000")  # an age before the year 1: found by this test
+@example("9" * 30 + "d")
 def test_parse_since__any_text_is_a_time_or_a_usage_error(text: str) -> None:
     """Whatever a user types after --since: an aware time, or a UsageError naming the option
     (never another exception, which would print a traceback)."""
