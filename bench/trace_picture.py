@@ -1,7 +1,7 @@
 """One trace through the relay, drawn from real spans: a producer's request that writes an
 outbox row, the relay's wake-up and batch spans, and a consumer that continues the trace.
 
-    python -m bench.trace_picture --update-readme
+    python -m bench --scenario trace-picture -- --update-readme
 
 Runs against the machine's servers: a fresh database and queue, one `relay run` exporting to a
 local OTLP/HTTP receiver (OTEL_EXPORTER_OTLP_ENDPOINT), a producer span in this process that
@@ -145,7 +145,7 @@ def update_readme(readme: Path, text: str) -> None:
     """Write the picture between the block's markers."""
     body = readme.read_text()
     start, end = body.index(README_START), body.index(README_END) + len(README_END)
-    block = (f"{README_START}\n\n`python -m bench.trace_picture --update-readme`, "
+    block = (f"{README_START}\n\n`python -m bench --scenario trace-picture -- --update-readme`, "
              f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, the machine's own "
              f"servers:\n\n```\n{text}\n```\n\n{README_END}")
     readme.write_text(body[:start] + block + body[end:])
