@@ -208,13 +208,34 @@ async def consumer(env: Env) -> AsyncIterator[Consumer]:
         await c.stop()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Keep each phase's report on the test item, for fixtures that add to a failure's report."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+# How much of each relay's log a failed test prints (its last lines).
+RELAY_LOG_TAIL_LINES = 60
+
+
 @pytest.fixture
-def relays(tmp_path: Path) -> Iterator[list[RelayProcess]]:
-    """Relay processes a test starts; any still running are killed at teardown."""
+def relays(request: pytest.FixtureRequest) -> Iterator[list[RelayProcess]]:
+    """Relay processes a test starts; any still running are killed at teardown. When the test
+    failed, the end of each relay's log is printed (the report's teardown output): a relay that
+    exited early says why there, also in CI, where the temporary directory is gone."""
     started: list[RelayProcess] = []
     yield started
     for proc in started:
         proc.kill()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for number, proc in enumerate(started):
+            lines = proc.log_text().splitlines()[-RELAY_LOG_TAIL_LINES:]
+            code = None if proc.proc is None else proc.proc.returncode
+            print(f"--- relay {number} (exit code {code}), its last {len(lines)} log lines:")
+            print("\n".join(lines))
 
 
 @pytest.fixture

@@ -113,7 +113,7 @@ class Worker:
         """Sweep at once, then drain on every wake-up until stop()."""
         self._wake.set()
         while not self.stopping:
-            await self.sleeper.sleep(self.claimed_total, self._sweep)
+            await self._sleep()
             self.last_loop_at = time.monotonic()
             self.metrics.loop_woke()
             if self.stopping:
@@ -122,6 +122,18 @@ class Worker:
             self.sleeper.sweep_started()
             await self._sweep()
             self.sleeper.sweep_ended()
+
+    async def _sleep(self) -> None:
+        """Wait for the next sweep (relay/loop/sleep.py). An unexpected error there (a bug, a
+        driver surprise) is logged and the worker polls once at the fallback interval: an idle
+        relay's wake-up path must not end the relay, which would leave every row to wait for
+        a restart."""
+        try:
+            await self.sleeper.sleep(self.claimed_total, self._sweep)
+        except Exception as exc:
+            log.error("sleep_failed", error=repr(exc), exc_info=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.config.fallback_poll_s)
 
     async def _sweep(self) -> None:
         """Drain once; on a failure back off (the database Supervisor) and ask for another.

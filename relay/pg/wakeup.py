@@ -130,16 +130,19 @@ class WakeupLockSession:
         slice_s = (
             self.wait_slice_s if waited_s < self.long_wait_after_s else self.long_wait_slice_s
         )
+        task = self._acquire
         woke = asyncio.ensure_future(woken.wait())
         try:
-            await asyncio.wait(
-                {self._acquire, woke}, timeout=slice_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            await asyncio.wait({task, woke}, timeout=slice_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             woke.cancel()
-        if not self._acquire.done():
+        if self._acquire is not task:
+            # The session ended during the slice (its termination callback dropped the
+            # request with it): nothing to read; the worker polls until the session is back.
+            return self.state()
+        if not task.done():
             return self.state()  # pending: the worker sweeps, then comes back
-        task, self._acquire = self._acquire, None
+        self._acquire = None
         try:
             row = task.result()
         except TimeoutError:

@@ -49,3 +49,32 @@ async def test_gate_session_lost_while_queued__the_next_session_is_kept(db: str)
         assert gate.supervisor.outages == 1, gate.supervisor.snapshot()
     finally:
         await gate.close()
+
+
+async def test_gate_session_lost_during_a_lock_wait_slice__prepare_returns_and_the_relay_polls(
+    db: str,
+) -> None:
+    """The session ends while prepare() waits out a slice of its queued lock request (a role
+    losing LOGIN, an admin's pg_terminate_backend): the connection's termination callback
+    drops the request meanwhile. prepare() once then read the request it had just lost and
+    raised AttributeError, which ended the worker and the relay."""
+    gate = WakeupLockSession(lambda: asyncpg.connect(db), Q, lambda: None,
+                             supervisor=Supervisor("wakeup", backoff=Backoff(0.05, 0.1)),
+                             wait_slice_s=5.0, long_wait_slice_s=5.0)
+    woken = asyncio.Event()
+    try:
+        async with pg_session(db) as producer, producer.transaction():
+            await insert_rows(producer, "x", "k", [{}])
+            preparing = asyncio.ensure_future(gate.prepare(woken, queue=True))
+
+            async def queued_pid() -> object:
+                return await pg_fetchval(db, WAITING_PID)
+
+            await wait_until(queued_pid, timeout_s=10, what="the gate's lock request to queue")
+            await pg_fetchval(db, "SELECT pg_terminate_backend($1)", await queued_pid())
+            state = await asyncio.wait_for(preparing, timeout=10)
+        assert not state.held, state
+        assert not state.pending, state
+        assert gate.supervisor.state == "down"
+    finally:
+        await gate.close()

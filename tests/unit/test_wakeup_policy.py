@@ -141,3 +141,38 @@ async def test_worker__a_row_at_a_trickle_goes_to_the_sleep_check_at_once() -> N
     # The row came long after the last sweep: its sweep is followed by the sleep check.
     assert lock.events[:4] == ["release claims=0", "prepare found=True claims=1",
                                "release claims=1", "prepare found=True claims=2"]
+
+
+@dataclass
+class BrokenOnceLock(RecordingLock):
+    """Its first prepare raises what a bug in the wake-up path would raise, after a row was
+    written (with no NOTIFY: nothing else wakes the worker)."""
+
+    raised: int = 0
+
+    async def prepare(self, woken: asyncio.Event, *, queue: bool) -> LockState:
+        if not self.raised:
+            self.raised += 1
+            self.store.rows.append(row(1))
+            raise AttributeError("'NoneType' object has no attribute 'done'")
+        return await super().prepare(woken, queue=queue)
+
+
+async def test_worker__an_unexpected_error_in_the_sleep_is_logged_and_the_worker_goes_on(
+) -> None:
+    """A bug in the wake-up path once ended the worker task, and with it the relay; now the
+    worker polls once at the fallback interval and sweeps: a row written meanwhile goes."""
+    store = FakeStore()
+    publisher = FakePublisher()
+    lock = BrokenOnceLock(store=store)
+    worker = Worker(store, publisher, WorkerConfig(poll_interval_s=60, concurrency=1,
+                                                   **FAST_FALLBACK), lock=lock)
+    task = asyncio.ensure_future(worker.run())
+    try:
+        await wait_until(lambda: publisher.published == [row(1).id], timeout_s=5,
+                         what="the row written during the failing sleep to be published")
+        assert lock.raised == 1
+        assert not task.done()
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, timeout=5)
