@@ -216,10 +216,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     return report
 
 
-# How much of each relay's log a failed test prints (its last lines).
-RELAY_LOG_TAIL_LINES = 60
-
-
 @pytest.fixture
 def relays(request: pytest.FixtureRequest) -> Iterator[list[RelayProcess]]:
     """Relay processes a test starts; any still running are killed at teardown. When the test
@@ -232,10 +228,7 @@ def relays(request: pytest.FixtureRequest) -> Iterator[list[RelayProcess]]:
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         for number, proc in enumerate(started):
-            lines = proc.log_text().splitlines()[-RELAY_LOG_TAIL_LINES:]
-            code = None if proc.proc is None else proc.proc.returncode
-            print(f"--- relay {number} (exit code {code}), its last {len(lines)} log lines:")
-            print("\n".join(lines))
+            print(proc.log_tail(f"relay {number}"))
 
 
 @pytest.fixture

@@ -142,6 +142,14 @@ class RelayProcess:
         """The whole log."""
         return self.log_path.read_text(errors="replace")
 
+    def log_tail(self, name: str, lines: int = 80) -> str:
+        """The last `lines` lines of the log under a heading with `name` and the exit code, for
+        a failed test's report."""
+        tail = self.log_text().splitlines()[-lines:]
+        code = None if self.proc is None else self.proc.returncode
+        return "\n".join([f"--- {name} (exit code {code}), its last {len(tail)} log lines:",
+                          *tail])
+
 
 async def count_rows(dsn: str, table: str = "queue_message") -> int:
     """Rows left in a table."""

@@ -114,10 +114,16 @@ class Relays:
 
 @contextmanager
 def relays(env: Env, tmp_path: Path, **overrides: object) -> Iterator[Relays]:
-    """Relays for one test, killed on exit even when the test fails."""
+    """Relays for one test, killed on exit even when the test fails; then the end of each
+    relay's log is printed, so that the failure's report says what the relays did."""
     group = Relays(env, tmp_path, **overrides)
     try:
         yield group
+    except BaseException:
+        group.kill_all()
+        for number, proc in enumerate(group.procs):
+            print(proc.log_tail(f"relay {number}"))
+        raise
     finally:
         group.kill_all()
 
