@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,7 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
                          timeout_s=command_s * 2 + SLACK_S * 2, interval_s=0.1,
                          what="connection_lost (database)")
         detect_s = time.monotonic() - (proxy.black_holed_at or 0.0)
+        since_cut = _events_since(relay, time.time() - detect_s)
         print(f"\n[chaos] black hole to PostgreSQL: rows freed after {freed_s:.1f}s "
               f"(idle-in-transaction {idle_s:g}s), relay noticed after {detect_s:.1f}s "
               f"(command timeout {command_s:g}s)")
@@ -176,7 +178,22 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
     # Checked last, so that everything above (no loss, rows freed in time) is proven first.
     if detect_s > command_s + SLACK_S:
         raise NoticedLate(f"noticed after {detect_s:.1f}s > command timeout {command_s:g}s "
-                          f"+ {SLACK_S:g}s")
+                          f"+ {SLACK_S:g}s; the relay's log from the cut on, seconds since "
+                          f"the cut: {since_cut}")
+
+
+def _events_since(relay: RelayProcess, cut_at: float) -> list[str]:
+    """The relay's log events from `cut_at` (wall clock) on, each as "<s after>: <event>
+    <its fields>", for a failure message that shows what the relay waited for."""
+    out = []
+    for event in relay.log_events():
+        if "timestamp" not in event:
+            continue
+        at = datetime.fromisoformat(str(event["timestamp"])).timestamp()
+        if at >= cut_at:
+            fields = {k: v for k, v in event.items() if k not in ("timestamp", "event")}
+            out.append(f"{at - cut_at:.2f}: {event.get('event')} {fields}")
+    return out
 
 
 async def _sessions(env: Env, relay_pid: int) -> list[dict[str, object]]:
