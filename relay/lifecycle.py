@@ -1,12 +1,13 @@
 """One lifecycle for the long-running parts of a relay process.
 
 A *service* works in `run()` until it is cancelled and releases what it holds in `close()`
-(the LISTEN session, the backlog poller); a *resource* only has `close()` (the pool, the
-broker connection, the wake-up lock's session, the HTTP endpoint). relay/app.py registers each
-as it creates it; `stop()` cancels every running service, newest first, waits for them, then
-closes everything, newest first, so nothing is closed under a part that still uses it. The
-worker is the one part outside the group: it stops gracefully, finishing its batches within
-RELAY_SHUTDOWN_TIMEOUT_S, before the group stops.
+(the LISTEN session, the backlog poller; one whose `run()` raises is logged and started again
+after a pause); a *resource* only has `close()` (the pool, the broker connection, the wake-up
+lock's session, the HTTP endpoint). relay/app.py registers each as it creates it; `stop()`
+cancels every running service, newest first, waits for them, then closes everything, newest
+first, so nothing is closed under a part that still uses it. The worker is the one part outside
+the group: it stops gracefully, finishing its batches within RELAY_SHUTDOWN_TIMEOUT_S, before
+the group stops.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Services:
     def start(self, service: S) -> S:
         """Run `service` in the background from now on; cancel and close it at stop."""
         self.hold(service)
-        self._tasks.append(asyncio.ensure_future(service.run()))
+        self._tasks.append(asyncio.ensure_future(_keep_running(service)))
         return service
 
     async def stop(self) -> None:
@@ -81,3 +82,29 @@ class Services:
             took = time.monotonic() - started
             if took > 1.0:  # a stop must fit the orchestrator's grace period: say what is slow
                 log.warning("close_slow", part=type(resource).__name__, seconds=round(took, 1))
+
+
+# A service whose run() raised is started again after this long (doubling while it keeps
+# failing at once, up to RESTART_MAX_S).
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+
+
+async def _keep_running(service: Service) -> None:
+    """Run `service` until it returns or is cancelled. A run() that raises (a bug, a driver
+    surprise: each service handles the failures it expects itself) is logged with its
+    traceback and started again after a pause: a part that died silently would leave the
+    relay looking healthy without it (no LISTEN, no stream rows sent) until a restart."""
+    pause_s = RESTART_FIRST_S
+    while True:
+        started = time.monotonic()
+        try:
+            await service.run()
+            return
+        except Exception as exc:
+            log.error("service_failed", part=type(service).__name__, error=repr(exc),
+                      restart_in_s=pause_s, exc_info=True)
+        await asyncio.sleep(pause_s)
+        ran_s = time.monotonic() - started
+        pause_s = RESTART_FIRST_S if ran_s > 10 * RESTART_MAX_S else min(pause_s * 2,
+                                                                          RESTART_MAX_S)

@@ -81,16 +81,31 @@ class StreamWorker:
         self._notified = asyncio.Event()
 
     async def run(self) -> None:
-        """Share the slots with the other relays, each owned slot in a task of its own."""
+        """Share the slots with the other relays, each owned slot in a task of its own. The
+        connection that notes this relay alive and takes slots is opened again when it fails
+        (the server down, restarted or failed over, the session ended by an admin): said once
+        when it fails, once when it works again."""
         cfg = self.config
-        store = await self._open_store()
+        store: StreamStore | None = None
+        failing = False
         try:
-            await store.ensure_slots(cfg.slots)
             while True:
                 try:
+                    if store is None:
+                        store = await self._open_store()
+                        await store.ensure_slots(cfg.slots)
                     await self._rebalance(store)
                 except RelayError as exc:
-                    log.warning("stream_slots_unavailable", error=str(exc))
+                    if not failing:
+                        log.warning("stream_slots_unavailable", error=str(exc))
+                    failing = True
+                    if store is not None:
+                        store.terminate()  # a new session at the next look
+                        store = None
+                else:
+                    if failing:
+                        log.info("stream_slots_available")
+                    failing = False
                 if self._waker is None:
                     await self._open_waker()
                 await asyncio.sleep(cfg.lease_s / 4)
@@ -100,8 +115,9 @@ class StreamWorker:
             for task in self._slots.values():
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            with contextlib.suppress(Exception):
-                await store.close()
+            if store is not None:
+                with contextlib.suppress(Exception):
+                    await store.close()
             await self._drop_waker()
 
     async def close(self) -> None:
@@ -195,9 +211,10 @@ class StreamWorker:
     async def _own(self, slot: int) -> None:
         """One slot's loop, from takeover until the lease is lost or the task cancelled."""
         cfg = self.config
-        store = await self._open_store()
+        store: StreamStore | None = None
         producer = SlotProducer(cfg.server, f"{cfg.producer_prefix}-{slot}")
         try:
+            store = await self._open_store()
             await producer.start()
             for stream in await store.streams_of(slot):
                 last = await producer.last_stored(stream)
@@ -233,10 +250,11 @@ class StreamWorker:
         finally:
             with contextlib.suppress(Exception):
                 await producer.close()
-            with contextlib.suppress(Exception):
-                await store.release(slot)
-            with contextlib.suppress(Exception):
-                await store.close()
+            if store is not None:
+                with contextlib.suppress(Exception):
+                    await store.release(slot)
+                with contextlib.suppress(Exception):
+                    await store.close()
 
     async def _send(self, store: StreamStore, producer: SlotProducer,
                     rows: list[StreamRow]) -> bool:

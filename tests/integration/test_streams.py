@@ -353,3 +353,23 @@ async def _owners(dsn: str, counts: set[int]) -> bool:
     rows = await pg_fetch(dsn, "SELECT owner, count(*) AS n FROM queue_message_stream_slots "
                           "WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner")
     return sum(r["n"] for r in rows) == 4 and {r["n"] for r in rows} == counts
+
+
+async def test_streams__sessions_ended_by_the_server_come_back_and_rows_written_after_go(
+    env: Env, stream: str, start_relay
+) -> None:
+    """Every session of the relay ended by the server (an admin's pg_terminate_backend, a
+    failover, a restart): the stream side opens new ones and the rows written after go."""
+    first = await insert_stream_rows(env.pg_dsn, stream, 50)
+    relay = start_relay(streams="true", stream_producers=1, reconnect_max_s=1)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the first rows sent")
+    ended = await pg_fetchval(
+        env.pg_dsn, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name LIKE 'outbox-relay %' AND datname = current_database()")
+    assert ended >= 2, ended
+    after = await insert_stream_rows(env.pg_dsn, stream, 50)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+                     what="the rows written after the sessions ended sent")
+    got = await read_stream(stream, at_least=100)
+    assert [m["id"] for m in got] == first + after
+    assert relay.alive()

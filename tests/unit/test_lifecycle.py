@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+import structlog
+
+from relay import lifecycle
 from relay.lifecycle import Services
 
 
@@ -45,3 +49,34 @@ async def test_services_run_until_stop__then_are_cancelled_and_closed_newest_fir
     assert not http.running.is_set()
     await services.stop()  # a second stop has nothing left to do
     assert len(log) == 6
+
+
+class FailsFirst(Part):
+    """Its first run() raises what a bug would raise; later runs work until cancelled."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        super().__init__(name, log)
+        self.runs = 0
+
+    async def run(self) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise KeyError("a bug")
+        await super().run()
+
+
+async def test_a_service_whose_run_raises__is_logged_and_started_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service that died silently left the relay looking healthy without it (a stream worker
+    whose first connection failed sent no stream row until the relay restarted)."""
+    monkeypatch.setattr(lifecycle, "RESTART_FIRST_S", 0.01)
+    log: list[str] = []
+    services = Services()
+    part = services.start(FailsFirst("streams", log))
+    with structlog.testing.capture_logs() as logged:
+        await asyncio.wait_for(part.running.wait(), 2)
+    assert part.runs == 2
+    failed = [e for e in logged if e["event"] == "service_failed"]
+    assert [(e["part"], e["log_level"]) for e in failed] == [("FailsFirst", "error")]
+    await services.stop()
+    assert log == ["cancelled streams", "closed streams"]
