@@ -6,6 +6,7 @@ again. Real PostgreSQL; the gate's backend is terminated by the server."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import asyncpg
 
@@ -77,4 +78,62 @@ async def test_gate_session_lost_during_a_lock_wait_slice__prepare_returns_and_t
         assert not state.pending, state
         assert gate.supervisor.state == "down"
     finally:
+        await gate.close()
+
+
+async def test_gate_sessions_ended_at_random_moments__no_error_escapes_and_the_gate_comes_back(
+    db: str,
+) -> None:
+    """The gate's session ended by the server at random moments of its cycle (queueing,
+    waiting a slice, checking, releasing), with producers' transactions holding the lock now
+    and then: prepare() and release() never raise, and once the ends stop the gate takes the
+    lock again on a new session. Seeded: a failure names its seed."""
+    seed = random.randrange(1 << 32)
+    rng = random.Random(seed)
+    gate = WakeupLockSession(
+        lambda: asyncpg.connect(db, server_settings={"application_name": "gate"}), Q,
+        lambda: None, supervisor=Supervisor("wakeup", backoff=Backoff(0.01, 0.02)))
+    stop = asyncio.Event()
+    cycles = 0
+
+    async def cycle() -> None:
+        nonlocal cycles
+        woken = asyncio.Event()
+        while not stop.is_set():
+            await gate.prepare(woken, queue=rng.random() < 0.7)
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            await gate.release()
+            cycles += 1
+
+    async def producer() -> None:
+        while not stop.is_set():
+            async with pg_session(db) as conn, conn.transaction():
+                await insert_rows(conn, "x", "k", [{}])
+                await asyncio.sleep(rng.uniform(0, 0.03))
+
+    running = [asyncio.ensure_future(cycle()), asyncio.ensure_future(producer())]
+    try:
+        async with pg_session(db) as admin:
+            for _ in range(40):
+                await asyncio.sleep(rng.uniform(0, 0.05))
+                await admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'gate'")
+                for task in running:
+                    assert not task.done(), f"seed {seed}: {task.exception()!r}"
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*running), timeout=10)
+
+        async def sleeps_holding_the_lock() -> bool:
+            await gate.prepare(asyncio.Event(), queue=True)
+            return gate.held
+
+        await wait_until(sleeps_holding_the_lock, timeout_s=10,
+                         what=f"the gate to take the lock again (seed {seed})")
+        assert cycles > 40, cycles
+    finally:
+        stop.set()
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         await gate.close()
