@@ -1,0 +1,112 @@
+"""Sessions ended one at a time at random moments: two relays with streams on, outbox rows
+from a producer process and stream rows from the test, while the server ends one of the
+relays' sessions (`pg_terminate_backend`, what a failover, a restart of a pooler or an admin
+does to a single session) every 0.1-0.6 s for 20 s: the worker's pooled sessions, the LISTEN,
+the wake-up lock's, the stream side's and each slot's.
+
+Every outbox row arrives (duplicates only from batches whose session ended mid-flight), every
+stream row is in the stream once, both relays still run, and neither logged an error: each of
+these sessions' ends is an outage its owner expects. Two bugs of this kind were found by
+reading logs (a wake-up session ending during its lock wait ended the relay; the stream side
+never opened a new session after the server ended its own); this test ends every kind of
+session at every moment of its life. Seeded: a failure names its seed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.harness import relays
+from tests.helpers import Env, count_rows, pg_execute, pg_fetch, wait_until
+from tests.kit.consumer import Consumer
+from tests.kit.producer import ProducerProcess
+from tests.kit.stream import a_stream, read_stream
+
+pytestmark = pytest.mark.chaos
+
+FAULT_S = 20.0
+BATCH = 100
+
+
+async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logged(
+    env: Env, tmp_path: Path
+) -> None:
+    seed = random.randrange(1 << 32)
+    rng = random.Random(seed)
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True).start()
+    producer = ProducerProcess(env.pg_dsn, env.exchange, env.routing_key, tmp_path / "ids",
+                               rate=300, chunk=10)
+    stream_ids: list[str] = []
+    ended: Counter[str] = Counter()
+    try:
+        async with a_stream(f"relay-chaos-{secrets.token_hex(5)}") as stream:
+            with relays(env, tmp_path, streams="true", stream_producers=2, stream_lease_s=3,
+                        reconnect_max_s=1, batch_size=BATCH) as group:
+                procs = [group.start(), group.start()]
+                for proc in procs:
+                    await wait_until(lambda p=proc: '"relay_started"' in p.log_text(),
+                                     what="relay_started")
+                await producer.start()
+                stop = asyncio.Event()
+
+                async def write_stream_rows() -> None:
+                    while not stop.is_set():
+                        rows = await pg_fetch(
+                            env.pg_dsn, "INSERT INTO queue_message_stream (stream, content) "
+                            "SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, 5) g "
+                            "RETURNING id::text", stream)
+                        stream_ids.extend(r["id"] for r in rows)
+                        await asyncio.sleep(0.05)
+
+                writer = asyncio.ensure_future(write_stream_rows())
+                loop = asyncio.get_running_loop()
+                until = loop.time() + FAULT_S
+                while loop.time() < until:
+                    await asyncio.sleep(rng.uniform(0.1, 0.6))
+                    sessions = await pg_fetch(
+                        env.pg_dsn, "SELECT pid, split_part(application_name, ' ', 2) AS role "
+                        "FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name LIKE 'outbox-relay %' ORDER BY pid")
+                    if sessions:
+                        victim = rng.choice(sessions)
+                        await pg_execute(env.pg_dsn, "SELECT pg_terminate_backend($1)",
+                                         victim["pid"])
+                        ended[victim["role"]] += 1
+                    for proc in procs:
+                        assert proc.alive(), f"seed {seed}: a relay exited; ended {dict(ended)}"
+                stop.set()
+                await writer
+                ids = await producer.stop()
+                print(f"\n[chaos] sessions ended (seed {seed}): {dict(ended)}; "
+                      f"{len(ids)} outbox rows, {len(stream_ids)} stream rows")
+                await consumer.wait_all(ids, timeout_s=90, dsn=env.pg_dsn)
+
+                async def streams_empty() -> bool:
+                    return await count_rows(env.pg_dsn, "queue_message_stream") == 0
+
+                await wait_until(streams_empty, timeout_s=90,
+                                 what=f"the stream table emptied (seed {seed})")
+                got = await read_stream(stream, at_least=len(stream_ids))
+                in_stream = Counter(m["id"] for m in got)
+                assert set(in_stream) == set(stream_ids), f"seed {seed}"
+                assert max(in_stream.values()) == 1, f"seed {seed}: a stream row twice"
+                duplicates = len(consumer.ids) - len(set(consumer.ids))
+                assert set(consumer.ids) == set(ids), f"seed {seed}"
+                # A worker session ended mid-batch after the broker confirmed: that batch again.
+                assert duplicates <= BATCH * ended["worker"], (
+                    f"seed {seed}: {duplicates} duplicates, {ended['worker']} worker sessions")
+                errors = [e for p in procs for e in p.log_events() if e.get("level") == "error"]
+                assert not errors, f"seed {seed}: {errors[:5]}"
+                for proc in procs:
+                    assert proc.alive(), f"seed {seed}"
+                    assert await proc.stop() == 0, f"seed {seed}"
+                missed = {"worker", "streams", "listener"} - set(ended)
+                assert not missed, f"seed {seed}: no session of {missed} ended: {dict(ended)}"
+    finally:
+        producer.kill()
+        await consumer.stop()
