@@ -373,3 +373,31 @@ async def test_streams__sessions_ended_by_the_server_come_back_and_rows_written_
     got = await read_stream(stream, at_least=100)
     assert [m["id"] for m in got] == first + after
     assert relay.alive()
+
+
+# Every stream connection of the shared node ended at once, as a broker restart or a cut does
+# (RabbitMQ 3.10's rabbitmqctl closes no stream connection; its reader processes are killed).
+KILL_STREAM_CONNECTIONS = (
+    "Ps = [P || P <- erlang:processes(), case proc_lib:initial_call(P) of "
+    "{rabbit_stream_reader, _, _} -> true; _ -> false end], "
+    "[exit(P, kill) || P <- Ps], length(Ps).")
+
+
+async def test_streams__connections_ended_by_the_broker_come_back_and_rows_go_once(
+    env: Env, stream: str, start_relay
+) -> None:
+    first = await insert_stream_rows(env.pg_dsn, stream, 50)
+    relay = start_relay(streams="true", stream_producers=2, stream_lease_s=3)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the first rows sent")
+    killed = (await asyncio.to_thread(
+        subprocess.run, ["rabbitmqctl", "eval", KILL_STREAM_CONNECTIONS], check=True,
+        capture_output=True, text=True, timeout=60)).stdout
+    assert int(killed.strip()) >= 1, killed
+    after = await insert_stream_rows(env.pg_dsn, stream, 50)
+    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+                     what="the rows written after the broker ended the connections sent")
+    got = await read_stream(stream, at_least=100)
+    assert sorted(m["id"] for m in got) == sorted(first + after)
+    assert relay.alive()
+    errors = [e for e in relay.log_events() if e.get("level") == "error"]
+    assert not errors, errors[:3]
