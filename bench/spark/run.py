@@ -2,17 +2,18 @@
 the same rows, in one run, rounds interleaved; then the whole path (job start to last message
 consumed) with one relay running.
 
-    .venv/bin/python bench/spark/run.py [--rows 1000000] [--rounds 3] [--path-rows 200000]
-        [--master standalone|local[2]] [--modes plain,staged,copy,append]
-        [--server private|shared] [--out bench/spark-RESULTS.md]
+    .venv/bin/python -m bench --scenario spark -- [--rows 1000000] [--rounds 3]
+        [--path-rows 200000] [--master standalone|local[2]] [--modes plain,staged,copy,append]
+        [--server private|shared] [--quiet-below 1.0] [--out bench/spark-RESULTS.md]
 
 `--master standalone` (the default) starts a Spark standalone master and one 2-core worker on
 127.0.0.1 from the installed pyspark (tests/spark/standalone.py) and runs the writes there.
 
 PostgreSQL: a private initdb cluster with the server's defaults (bench/common.py), or with
 `--server shared` the local one (BENCH_PG_DSN); RabbitMQ: the local one (BENCH_AMQP_URL). Makes
-and drops its own database, exchange and queue. Writes --out (the machine, the command, the date
-and the load average before each write) and prints it.
+and drops its own database, exchange and queue. Before each write it waits (at most 2 min) for
+the 1-minute load average to fall under `--quiet-below`. Writes --out (the machine, the
+command, the date and the load average before each write) and prints it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import argparse
 import asyncio
 import os
 import secrets
-import shlex
 import statistics
 import subprocess
 import sys
@@ -33,6 +33,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from bench.common import OneOff, load_before, one_off, private_server, wait_quiet
 from relay.pg.migrate import migrate
 from relay.pg.queries import TableNames
 from relay.settings import NotifyMode
@@ -125,25 +126,22 @@ async def whole_path(spark: Any, dsn: str, rows: int) -> float:
         await conn.close()
 
 
-def report(args: argparse.Namespace, facts: dict[str, Any], runs: list[dict[str, Any]],
-           path_s: float) -> str:
+def report(args: argparse.Namespace, run: OneOff, facts: dict[str, Any],
+           runs: list[dict[str, Any]], path_s: float) -> str:
     """The Markdown results file: what ran where and when, every write, the medians."""
     rates: dict[str, list[float]] = {}
     for r in runs:
         rates.setdefault(r["mode"], []).append(r["rows_per_s"])
     lines = [
-        "# Spark → outbox write benchmark", "",
-        "Written by `bench/spark/run.py` (do not edit by hand).", "",
-        f"- date: {facts['date']}",
-        f"- command: `{facts['command']}`",
-        f"- machine: {facts['machine']}",
-        f"- load average before the run: {facts['load']}",
-        f"- master: {facts['master']}; pyspark {facts['pyspark']}; executors 700 MB, 2 cores; "
-        f"session start {facts['session_s']:.1f} s",
-        f"- PostgreSQL: {facts['server']}",
-        f"- {args.rows:,} rows of about 200 bytes per write, {args.rounds} rounds, the order of "
-        "the modes rotated each round; `plain` = to_json + `df.write.jdbc` append (what teams "
-        "hand-roll), the other modes `write_outbox(mode=...)`", "",
+        *run.header(
+            "Spark → outbox write benchmark",
+            f"master: {facts['master']}; pyspark {facts['pyspark']}; executors 700 MB, 2 cores; "
+            f"session start {facts['session_s']:.1f} s",
+            f"PostgreSQL: {facts['server']}",
+            f"{args.rows:,} rows of about 200 bytes per write, {args.rounds} rounds, the order "
+            "of the modes rotated each round, each write after the load average fell under "
+            f"{args.quiet_below} (or 2 min); `plain` = to_json + `df.write.jdbc` append (what "
+            "teams hand-roll), the other modes `write_outbox(mode=...)`"),
         "| round | mode | rows/s | seconds | load before |", "|---|---|---:|---:|---|",
     ]
     lines += [f"| {r['round']} | {r['mode']} | {r['rows_per_s']:,.0f} | {r['seconds']:.1f} | "
@@ -204,7 +202,8 @@ async def run(args: argparse.Namespace, admin_dsn: str, facts: dict[str, Any],
             order = modes[r % n:] + modes[:r % n]  # rotate: noise hits all modes
             for mode in order:
                 await truncate(dsn)
-                load = [round(x, 2) for x in os.getloadavg()]
+                await wait_quiet(args.quiet_below)
+                load = load_before()
                 started = time.monotonic()
                 if mode == "plain":
                     plain_append(df, dsn)
@@ -227,26 +226,21 @@ async def run(args: argparse.Namespace, admin_dsn: str, facts: dict[str, Any],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--path-rows", type=int, default=200_000, help="0: skip the path")
-    parser.add_argument("--master", default="standalone")
-    parser.add_argument("--modes", default="plain,staged,copy,append")
-    parser.add_argument("--server", default="private", choices=("private", "shared"),
-                        help="PostgreSQL: a private initdb cluster with the server's defaults "
-                        "(bench/common.py) or the machine's own (BENCH_PG_DSN)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "spark-RESULTS.md")
-    args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from bench.common import load_before, machine, private_server
-
-    facts: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "command": "python bench/spark/run.py " + shlex.join(sys.argv[1:]),
-        "machine": machine(), "load": load_before(),
-    }
-    print(f"{facts['date']}, load average before the run: {facts['load']}", flush=True)
+    args, one = one_off("bench.spark.run", scenario="spark",
+                        out=ROOT / "bench" / "spark-RESULTS.md", options={
+                            "--rows": {"type": int, "default": 1_000_000},
+                            "--rounds": {"type": int, "default": 3},
+                            "--path-rows": {"type": int, "default": 200_000,
+                                            "help": "0: skip the path"},
+                            "--master": {"default": "standalone"},
+                            "--modes": {"default": "plain,staged,copy,append"},
+                            "--server": {"default": "private", "choices": ("private", "shared"),
+                                         "help": "PostgreSQL: a private initdb cluster with the "
+                                         "server's defaults (bench/common.py) or the machine's "
+                                         "own (BENCH_PG_DSN)"}})
+    facts: dict[str, Any] = {}
+    print(f"{one.started}, load average before the run: {one.load}", flush=True)
     if args.server == "private":
         with private_server() as dsn:
             facts["server"] = "a private initdb cluster with the server's defaults"
@@ -254,10 +248,9 @@ def main() -> None:
     else:
         facts["server"] = f"the machine's own ({ADMIN_DSN.rsplit('@', 1)[-1]})"
         runs, path_s = asyncio.run(run(args, ADMIN_DSN, facts))
-    text = report(args, facts, runs, path_s)
-    args.out.write_text(text)
+    text = report(args, one, facts, runs, path_s)
     print(text)
-    print(f"wrote {args.out}")
+    one.write(args.out, text)
 
 
 if __name__ == "__main__":
