@@ -19,6 +19,8 @@ from rstream.exceptions import (
     AccessRefused,
     LeaderNotAvailable,
     PreconditionFailed,
+    PublisherDoesNotExist,
+    ServerError,
     StreamDoesNotExist,
     StreamNotAvailable,
 )
@@ -76,8 +78,18 @@ class StreamGone(BrokerError):
 
 
 # What the broker says of one stream, not of the connection: the slot goes on with the others.
+# PublisherDoesNotExist: rstream 1.1's clean-up after a refused publisher declaration deletes
+# the publisher the broker never made, and that error replaces the refusal (its context).
 _STREAM_REFUSALS = (StreamDoesNotExist, StreamNotAvailable, LeaderNotAvailable, AccessRefused,
-                    PreconditionFailed)
+                    PreconditionFailed, PublisherDoesNotExist)
+
+
+def _refusal(exc: BaseException) -> BaseException:
+    """The broker's own answer behind `exc` (the refusal a failed clean-up replaced)."""
+    context = exc.__context__
+    if isinstance(exc, PublisherDoesNotExist) and isinstance(context, ServerError):
+        return context
+    return exc
 
 
 def _message(row: Outgoing) -> AMQPMessage:
@@ -102,6 +114,15 @@ class _Producer(Producer):
     async def _close_locator_connection(self) -> None:
         return None
 
+    def forget_publishers_of(self, stream: str) -> None:
+        """Drop the client's publishers of `stream` without asking the broker to delete them:
+        the broker does not know them (a declaration it refused, one it dropped), and the
+        client's close would log each failed deletion as an error with its traceback.
+        tests/unit/test_stream_wire.py checks the client's publisher table."""
+        for publisher_id, publisher in list(self._publishers.items()):
+            if publisher.stream == stream:
+                del self._publishers[publisher_id]
+
 
 class SlotProducer:
     """The named producer of one slot, on a connection of its own (and a locator's)."""
@@ -110,14 +131,33 @@ class SlotProducer:
                  frame_max: int = ASKED_FRAME_MAX) -> None:
         self.name = name
         self.frame_max = 0  # known once started
-        self._producer = _Producer(server.host, server.port, username=server.username,
-                                   password=server.password, vhost=server.vhost,
-                                   frame_max=frame_max, connection_name=f"outbox-relay {name}")
+        self._server = server
+        self._asked_frame_max = frame_max
+        self._producer = self._client()
+
+    def _client(self) -> _Producer:
+        server = self._server
+        return _Producer(server.host, server.port, username=server.username,
+                         password=server.password, vhost=server.vhost,
+                         frame_max=self._asked_frame_max,
+                         connection_name=f"outbox-relay {self.name}")
 
     async def start(self) -> None:
         """Connect, and note the frame_max the broker agreed to."""
         await self._producer.start()
         self.frame_max = int((await self._producer.default_client).frame_max)
+
+    async def start_afresh(self, stream: str) -> None:
+        """A new client after a stream refused its publisher or messages: rstream may keep a
+        publisher the broker does not know (one whose declaration was refused, when its own
+        clean-up failed; one the broker dropped), and every later message to that stream would
+        be refused one by one. Publishers are declared again at
+        each stream's next message, under the same name: the broker's deduplication holds."""
+        self._producer.forget_publishers_of(stream)
+        with contextlib.suppress(Exception):
+            await self._producer.close()
+        self._producer = self._client()
+        await self.start()
 
     async def close(self) -> None:
         """Close the connection (unconfirmed messages stay the database's rows)."""
@@ -161,8 +201,10 @@ class SlotProducer:
             await self._producer.send_batch(stream, messages, publisher_name=self.name,
                                             on_publish_confirm=on_confirm)
         except _STREAM_REFUSALS as exc:
+            refusal = _refusal(exc)
+            await self.start_afresh(stream)
             raise StreamGone(f"stream {stream!r} cannot take messages: "
-                             f"{type(exc).__name__} {exc}".rstrip()) from exc
+                             f"{type(refusal).__name__} {refusal}".rstrip()) from exc
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), timeout_s)
         return SendResult(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from itertools import groupby
@@ -46,6 +47,19 @@ IDLE_MAX_S = 0.5
 # relay asleep and sent no NOTIFY): look again this soon, a few times, for its rows.
 PRODUCER_WRITING_S = 0.005
 PRODUCER_WRITING_LOOKS = 3
+# A stream that cannot take messages (missing, no leader, this user may not write to it, its
+# messages refused) is tried again after this, doubling up to STREAM_RETRY_MAX_S: the most its
+# rows wait after it can take them again.
+STREAM_RETRY_FIRST_S = 0.5
+STREAM_RETRY_MAX_S = 10.0
+
+
+@dataclass
+class _Wait:
+    """A stream's pause: the current delay, and when it is tried again."""
+
+    delay_s: float = STREAM_RETRY_FIRST_S
+    retry_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,8 @@ class StreamWorker:
         self._waker_busy = asyncio.Lock()
         self._asleep = False
         self._producer_writing = 0  # quick looks taken since the lock was last refused
-        self._unavailable: set[str] = set()  # streams whose rows wait (said once)
+        # Streams that cannot take messages now (missing, refused): when each is tried again.
+        self._waiting: dict[str, _Wait] = {}
         self._idle: set[int] = set()
         self._notified = asyncio.Event()
 
@@ -258,9 +273,14 @@ class StreamWorker:
 
     async def _send(self, store: StreamStore, producer: SlotProducer,
                     rows: list[StreamRow]) -> bool:
-        """Send the rows, stream by stream; whether any row was settled, refused or parked."""
+        """Send the rows, stream by stream; whether any row was settled, refused or parked. A
+        stream that cannot take messages is tried again after a pause of its own (doubling to
+        STREAM_RETRY_MAX_S); its rows wait meanwhile, the slot's other streams go."""
         progressed = False
         for stream, group in groupby(rows, key=lambda r: r.stream):
+            wait = self._waiting.get(stream)
+            if wait is not None and time.monotonic() < wait.retry_at:
+                continue
             outgoing = [Outgoing(r.id, r.body, r.publishing_id) for r in group]
             sendable = await self._park_too_large(store, producer, stream, outgoing)
             progressed = progressed or len(sendable) < len(outgoing)
@@ -268,24 +288,38 @@ class StreamWorker:
                 try:
                     result = await producer.send(stream, frame, self.config.confirm_timeout_s)
                 except StreamGone as exc:
-                    if stream not in self._unavailable:  # said once, until it comes back
-                        self._unavailable.add(stream)
-                        log.warning("stream_missing", stream=stream, error=str(exc))
+                    self._stream_waits(stream, "stream_missing", error=str(exc))
                     break
-                if stream in self._unavailable:
-                    self._unavailable.discard(stream)
-                    log.info("stream_available", stream=stream)
                 progressed = progressed or bool(result.confirmed or result.refused)
                 await store.settle(result.confirmed)
                 await store.reassign(result.refused)
                 if result.refused:
-                    log.warning("stream_rows_refused", stream=stream, rows=len(result.refused))
+                    # Each gets a new id (its old one might be at or below what the broker
+                    # stores meanwhile); the stream pauses before they go again, on a new
+                    # client (the refusal may be of a publisher the broker no longer knows).
+                    self._stream_waits(stream, "stream_rows_refused", rows=len(result.refused))
+                    await producer.start_afresh(stream)
+                    break
+                if stream in self._waiting:
+                    del self._waiting[stream]
+                    log.info("stream_available", stream=stream)
                 if result.unanswered:
                     # Sent again, same ids, next round; later frames would skip past them.
                     log.warning("stream_rows_unanswered", stream=stream,
                                 rows=len(result.unanswered))
                     return progressed
         return progressed
+
+    def _stream_waits(self, stream: str, event: str, **details: object) -> None:
+        """`stream` took no message: said once (until it takes messages again), tried again
+        after its next pause."""
+        wait = self._waiting.get(stream)
+        if wait is None:
+            log.warning(event, stream=stream, retry_in_s=STREAM_RETRY_FIRST_S, **details)
+            wait = self._waiting[stream] = _Wait()
+        else:
+            wait.delay_s = min(wait.delay_s * 2, STREAM_RETRY_MAX_S)
+        wait.retry_at = time.monotonic() + wait.delay_s
 
     async def _park_too_large(self, store: StreamStore, producer: SlotProducer, stream: str,
                               rows: list[Outgoing]) -> list[Outgoing]:

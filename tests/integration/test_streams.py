@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from relay.streams.producer import Outgoing, SlotProducer, StreamServer
+from tests.chaos.harness import broker_user, rabbitmqctl
 from tests.helpers import (
     RELAY_BIN,
     Env,
@@ -401,3 +402,37 @@ async def test_streams__connections_ended_by_the_broker_come_back_and_rows_go_on
     assert relay.alive()
     errors = [e for e in relay.log_events() if e.get("level") == "error"]
     assert not errors, errors[:3]
+
+
+async def test_streams__a_stream_the_relay_may_not_write_holds_back_no_other_and_goes_once_allowed(
+    env: Env, start_relay
+) -> None:
+    """The relay's broker user may not write to one stream (RabbitMQ refuses its publisher):
+    its rows come first in the one slot, the other stream's rows still go, the refusal is said
+    once (a warning, no traceback), and the rows go once the user may write there. Before, the
+    slot failed at every try (rstream's clean-up replaced the refusal with
+    PublisherDoesNotExist), so no row of any stream in that slot went."""
+    denied = f"a-denied-{uuid.uuid4().hex[:8]}"  # sorts before the other stream's name
+    allowed = f"b-allowed-{uuid.uuid4().hex[:8]}"
+    async with a_stream(denied), a_stream(allowed):
+        with broker_user("relay_streams", write="^b-allowed-") as (user, password):
+            held = await insert_stream_rows(env.pg_dsn, denied, 30)
+            others = await insert_stream_rows(env.pg_dsn, allowed, 30)
+            url = env.amqp_url.replace("guest:guest", f"{user}:{password}")
+            relay = start_relay(streams="true", stream_producers=1, amqp_url=url)
+            got_others = await read_stream(allowed, at_least=30)
+            assert [m["id"] for m in got_others] == others
+            await asyncio.sleep(3.0)  # a few tries go by: said once
+            said = [e for e in relay.log_events() if e.get("event") == "stream_missing"]
+            assert len(said) == 1, said
+            assert "AccessRefused" in said[0]["error"], said
+            assert await count_rows(env.pg_dsn, STREAM_TABLE) == 30
+            await asyncio.to_thread(rabbitmqctl, "set_permissions", "-p", "/", user, ".*",
+                                    ".*", ".*")
+            await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+                             what="the held rows sent once the user may write there")
+            got = await read_stream(denied, at_least=30)
+            assert [m["id"] for m in got] == held
+            errors = [e for e in relay.log_events() if e.get("level") == "error"]
+            assert not errors, errors[:3]
+            assert relay.alive()

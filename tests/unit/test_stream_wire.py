@@ -4,10 +4,14 @@
   rstream 1.1.1 counts characters; relay/streams/wire.py fixes that on import. A later client
   that encodes strings another way fails here, not in production.
 - the locator connection: the client closes it (a 200 ms wait) when it opens a new stream's
-  connection, through the method relay/streams/producer.py overrides to keep it open."""
+  connection, through the method relay/streams/producer.py overrides to keep it open.
+- the publisher table: the relay drops a refused stream's publishers from it before closing
+  the client (whose close would ask the broker to delete each, and log an error for one the
+  broker never knew)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -40,3 +44,22 @@ def test_the_client_closes_its_locator_connection_through_the_method_the_relay_o
     closes = inspect.getsource(Producer._close_locator_connection)
     assert ".close()" in closes
     assert _Producer._close_locator_connection is not Producer._close_locator_connection
+
+
+def test_the_client_keeps_its_publishers_by_id_with_their_stream__which_the_relay_drops_from(
+) -> None:
+    from rstream.producer import _Publisher
+
+    from relay.streams.producer import _Producer
+
+    producer = _Producer("127.0.0.1", username="u", password="p")
+    assert producer._publishers == {}
+    assert "stream" in {f.name for f in dataclasses.fields(_Publisher)}
+    producer._publishers[3] = _Publisher(id=3, reference="r", stream="s", sequence=None,
+                                         client=None)  # type: ignore[arg-type]
+    producer._publishers[4] = _Publisher(id=4, reference="r", stream="t", sequence=None,
+                                         client=None)  # type: ignore[arg-type]
+    producer.forget_publishers_of("s")
+    assert list(producer._publishers) == [4]
+    closes = inspect.getsource(Producer.close)
+    assert "self._publishers" in closes, "the client's close no longer reads its publishers"
