@@ -30,8 +30,10 @@ log = structlog.get_logger("relay.loop.express")
 # Rows of one express claim: LEAST(32, rows / 2) transactions, one row each (the fair round's
 # share of a claim this size), so a burst of one-row transactions goes in one batch.
 EXPRESS_ROWS = 64
-# After a failure (the database or the broker away), the lane waits this long before it looks
-# again; the drain's lanes carry on meanwhile, or stop, and the drain's end stops the lane.
+# While the broker connection is away, the lane waits this long before it looks again. A
+# database failure ends the lane for the rest of the drain instead: its next look would go to
+# a pooled connection likely as dead as the one that failed (a silent cut: a command timeout
+# more), and the drain's end, which reports the outage, waits for the lane.
 FAILURE_PAUSE_S = 1.0
 
 BatchRunner = Callable[[ExpressStore, Publisher], Awaitable[int]]
@@ -58,20 +60,19 @@ class ExpressLane:
         bursts: set[asyncio.Future[None]] = set()
         failed = asyncio.Event()
         try:
-            while not done.is_set():
-                if failed.is_set() or not self.publisher.ready:
+            while not done.is_set() and not failed.is_set():
+                if not self.publisher.ready:
                     # The drain's own claims take every transaction meanwhile.
                     self.store.after, seen = None, None
-                    failed.clear()
                     await _pause(done, FAILURE_PAUSE_S)
                     continue
                 try:
                     newest = await self.store.newest_transaction()
                 except DatabaseError as exc:
-                    # The drain's own lanes report the outage (the database supervisor).
+                    # The drain's own lanes report the outage (the database supervisor); the
+                    # next drain starts the lane again.
                     log.info("express_lane_paused", error=str(exc))
-                    failed.set()
-                    continue
+                    return
                 # Only what commits from now on: the drain's lanes take what is there
                 # already, and a bulk transaction's drained head is never walked here.
                 if seen is None:
