@@ -2,7 +2,7 @@
 from a producer process and stream rows from the test, while the server ends one of the
 relays' sessions (`pg_terminate_backend`, what a failover, a restart of a pooler or an admin
 does to a single session) every 0.1-0.6 s for 20 s: the worker's pooled sessions, the LISTEN,
-the wake-up lock's, the stream side's and each slot's.
+the wake-up lock's, the stream side's, each slot's and the status page's (polled throughout).
 
 Every outbox row arrives (duplicates only from batches whose session ended mid-flight), every
 stream row is in the stream once, both relays still run, and neither logged an error: each of
@@ -23,8 +23,10 @@ import pytest
 
 from tests.chaos.harness import relays
 from tests.helpers import Env, count_rows, pg_execute, pg_fetch, wait_until
+from tests.integration.test_http import http_get
 from tests.kit.consumer import Consumer
 from tests.kit.producer import ProducerProcess
+from tests.kit.proxy import free_port
 from tests.kit.stream import a_stream, read_stream
 
 pytestmark = pytest.mark.chaos
@@ -47,7 +49,8 @@ async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logg
         async with a_stream(f"relay-chaos-{secrets.token_hex(5)}") as stream:
             with relays(env, tmp_path, streams="true", stream_producers=2, stream_lease_s=3,
                         reconnect_max_s=1, batch_size=BATCH) as group:
-                procs = [group.start(), group.start()]
+                ports = [free_port(), free_port()]
+                procs = [group.start(http_port=port) for port in ports]
                 for proc in procs:
                     await wait_until(lambda p=proc: '"relay_started"' in p.log_text(),
                                      what="relay_started")
@@ -73,12 +76,20 @@ async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logg
                         "FROM pg_stat_activity WHERE datname = current_database() "
                         "AND application_name LIKE 'outbox-relay %' ORDER BY pid")
                     if sessions:
-                        victim = rng.choice(sessions)
+                        # A kind of session first, then one of that kind: every kind is hit
+                        # about as often, however many sessions of it there are.
+                        role = rng.choice(sorted({r["role"] for r in sessions}))
+                        victim = rng.choice([r for r in sessions if r["role"] == role])
                         await pg_execute(env.pg_dsn, "SELECT pg_terminate_backend($1)",
                                          victim["pid"])
                         ended[victim["role"]] += 1
                     for proc in procs:
                         assert proc.alive(), f"seed {seed}: a relay exited; ended {dict(ended)}"
+                    # The status page's own session is among those ended; it answers 200, or
+                    # 503 with the reason while its session is away, never an error of its own.
+                    for port in ports:
+                        code, text = await http_get(port, "/status")
+                        assert code in (200, 503), f"seed {seed}: /status {code} {text[:300]}"
                 stop.set()
                 await writer
                 ids = await producer.stop()
@@ -102,10 +113,16 @@ async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logg
                     f"seed {seed}: {duplicates} duplicates, {ended['worker']} worker sessions")
                 errors = [e for p in procs for e in p.log_events() if e.get("level") == "error"]
                 assert not errors, f"seed {seed}: {errors[:5]}"
+                for port in ports:
+
+                    async def healthy(port: int = port) -> bool:
+                        return (await http_get(port, "/healthz"))[0] == 200
+
+                    await wait_until(healthy, timeout_s=30, what=f"/healthz 200 (seed {seed})")
                 for proc in procs:
                     assert proc.alive(), f"seed {seed}"
                     assert await proc.stop() == 0, f"seed {seed}"
-                missed = {"worker", "streams", "listener"} - set(ended)
+                missed = {"worker", "streams", "listener", "status"} - set(ended)
                 assert not missed, f"seed {seed}: no session of {missed} ended: {dict(ended)}"
     finally:
         producer.kill()
