@@ -71,6 +71,21 @@ class SendResult:
     unanswered: list[str]
 
 
+class StreamLinkSilent(BrokerError):
+    """The broker answered nothing on this slot's connection for SILENT_SENDS sends in a row:
+    the link is given up (a silent cut), and the slot starts again on a new one."""
+
+
+# Sends in a row that the broker did not answer at all before the slot gives its connection
+# up; each waits the confirm timeout (RELAY_STREAM_* defaults: 10 s).
+SILENT_SENDS = 2
+# How long opening the slot's connection (TCP, TLS, the stream protocol's handshake) may take,
+# and closing it: over a silent link the client waits 5 s for each goodbye of each of its
+# connections (the locator's, each leader's) before it drops the socket.
+CONNECT_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 15.0
+
+
 class StreamGone(BrokerError):
     """The stream cannot take messages now: it does not exist, has no leader (RabbitMQ 3.10
     "creates" a stream whose name is too long for its data directory and never starts it),
@@ -114,13 +129,14 @@ class _Producer(Producer):
     async def _close_locator_connection(self) -> None:
         return None
 
-    def forget_publishers_of(self, stream: str) -> None:
-        """Drop the client's publishers of `stream` without asking the broker to delete them:
-        the broker does not know them (a declaration it refused, one it dropped), and the
-        client's close would log each failed deletion as an error with its traceback.
-        tests/unit/test_stream_wire.py checks the client's publisher table."""
+    def forget_publishers_of(self, stream: str | None) -> None:
+        """Drop the client's publishers of `stream` (None: all) without asking the broker to
+        delete them: the broker does not know them (a declaration it refused, one it dropped)
+        or cannot hear (a silent link), and the client's close would wait 5 s for each, or log
+        each failed deletion as an error with its traceback. tests/unit/test_stream_wire.py
+        checks the client's publisher table."""
         for publisher_id, publisher in list(self._publishers.items()):
-            if publisher.stream == stream:
+            if stream is None or publisher.stream == stream:
                 del self._publishers[publisher_id]
 
 
@@ -131,6 +147,7 @@ class SlotProducer:
                  frame_max: int = ASKED_FRAME_MAX) -> None:
         self.name = name
         self.frame_max = 0  # known once started
+        self.silent_sends = 0  # sends in a row the broker did not answer at all
         self._server = server
         self._asked_frame_max = frame_max
         self._producer = self._client()
@@ -143,9 +160,11 @@ class SlotProducer:
                          connection_name=f"outbox-relay {self.name}")
 
     async def start(self) -> None:
-        """Connect, and note the frame_max the broker agreed to."""
-        await self._producer.start()
-        self.frame_max = int((await self._producer.default_client).frame_max)
+        """Connect (within CONNECT_TIMEOUT_S: TimeoutError), and note the frame_max the broker
+        agreed to."""
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            await self._producer.start()
+            self.frame_max = int((await self._producer.default_client).frame_max)
 
     async def start_afresh(self, stream: str) -> None:
         """A new client after a stream refused its publisher or messages: rstream may keep a
@@ -155,13 +174,18 @@ class SlotProducer:
         each stream's next message, under the same name: the broker's deduplication holds."""
         self._producer.forget_publishers_of(stream)
         with contextlib.suppress(Exception):
-            await self._producer.close()
+            await self.close()
         self._producer = self._client()
         await self.start()
 
     async def close(self) -> None:
-        """Close the connection (unconfirmed messages stay the database's rows)."""
-        await self._producer.close()
+        """Close the connection (unconfirmed messages stay the database's rows), within
+        CLOSE_TIMEOUT_S. After SILENT_SENDS unanswered sends the publishers are not deleted
+        one by one first: nothing would answer."""
+        if self.silent_sends >= SILENT_SENDS:
+            self._producer.forget_publishers_of(None)
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await self._producer.close()
 
     def too_large(self, rows: Sequence[Outgoing]) -> tuple[list[tuple[Outgoing, int]], int]:
         """The rows whose message alone would not fit in one publish frame of this connection,
@@ -207,6 +231,7 @@ class SlotProducer:
                              f"{type(refusal).__name__} {refusal}".rstrip()) from exc
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), timeout_s)
+        self.silent_sends = 0 if answers else self.silent_sends + 1
         return SendResult(
             confirmed=[by_id[p] for p, ok in answers.items() if ok and p in by_id],
             refused=[by_id[p] for p, ok in answers.items() if not ok and p in by_id],

@@ -35,7 +35,14 @@ import structlog
 
 from relay.errors import RelayError
 from relay.pg.streams import StreamRow, StreamStore
-from relay.streams.producer import Outgoing, SlotProducer, StreamGone, StreamServer
+from relay.streams.producer import (
+    SILENT_SENDS,
+    Outgoing,
+    SlotProducer,
+    StreamGone,
+    StreamLinkSilent,
+    StreamServer,
+)
 
 log = structlog.get_logger("relay.streams")
 
@@ -307,6 +314,11 @@ class StreamWorker:
                     # Sent again, same ids, next round; later frames would skip past them.
                     log.warning("stream_rows_unanswered", stream=stream,
                                 rows=len(result.unanswered))
+                    if producer.silent_sends >= SILENT_SENDS:
+                        raise StreamLinkSilent(
+                            f"no answer from the broker to {producer.silent_sends} sends in a "
+                            f"row ({self.config.confirm_timeout_s:g} s each): the stream "
+                            "connection is given up")
                     return progressed
         return progressed
 

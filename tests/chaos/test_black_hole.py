@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -29,7 +30,9 @@ from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
 from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, pg_fetchrow, wait_until
 from tests.kit.consumer import Consumer
 from tests.kit.producer import fresh_ids, insert_rows, insert_with_ids
-from tests.kit.proxy import proxy_for, via_proxy
+from tests.kit.proxy import TcpProxy, proxy_for, via_proxy
+from tests.kit.stream import a_stream, read_stream
+from tests.servers.rabbitmq_node import RabbitNode
 
 pytestmark = pytest.mark.chaos
 
@@ -289,3 +292,61 @@ async def test_single_active_leader_black_holed__its_lock_session_ends_and_a_sta
         await consumer.wait_for(10, timeout_s=30)
     finally:
         await proxy.close()
+
+
+async def test_black_hole_to_the_stream_port__slots_give_their_connections_up_and_rows_go_once(
+    env: Env, tmp_path: Path
+) -> None:
+    """A silent cut between the relay and RabbitMQ's stream port. The stream client notices
+    nothing by itself (its heartbeat only logs), and a slot used to send its unanswered rows
+    again on the same connection every confirm timeout for as long as TCP held it open: with a
+    middlebox that answers for the broker, for ever. Now two sends in a row without any answer
+    give the connection up, and a new one (bounded) is tried. (The slot's lease is long here:
+    one that runs out during an unanswered send also ends the slot's connection, which hid the
+    hang whenever the lease was not longer than the confirm timeout.) A private node advertises the
+    proxy's port, so that every stream connection (the locator's, the leader's) goes through
+    it."""
+    proxy = TcpProxy("127.0.0.1", 0)
+    node = RabbitNode(stream_advertised_port=proxy.port)
+    proxy.target_port = node.stream_port
+    await asyncio.to_thread(node.start)
+    await proxy.start()
+    name = f"relay-bh-{secrets.token_hex(4)}"
+    try:
+        async with a_stream(name, port=node.stream_port):
+            with relays(env, tmp_path, amqp_url=node.url, streams="true", stream_producers=1,
+                        stream_port=proxy.port, stream_lease_s=60) as group:
+                relay = group.start()
+                first = await _insert_stream_rows(env.pg_dsn, name, 20)
+                await wait_until(lambda: _stream_table_empty(env.pg_dsn), timeout_s=60,
+                                 what="the first rows sent")
+                proxy.black_hole()
+                during = await _insert_stream_rows(env.pg_dsn, name, 20)
+                # Two confirm timeouts (10 s each), then the relay drops its connection.
+                await wait_until(lambda: bool(proxy.client_closes), timeout_s=40,
+                                 what="the relay giving its silent stream connection up")
+                noticed_s = proxy.client_closes[0] - (proxy.black_holed_at or 0.0)
+                print(f"\n[chaos] black hole to the stream port: connection given up after "
+                      f"{noticed_s:.1f}s")
+                assert relay.alive()
+                await proxy.restore()
+                await wait_until(lambda: _stream_table_empty(env.pg_dsn), timeout_s=60,
+                                 what="the rows written during the cut sent")
+                got = await read_stream(name, at_least=40, port=node.stream_port)
+                assert sorted(m["id"] for m in got) == sorted(first + during), "each row once"
+                assert await relay.stop() == 0
+    finally:
+        await proxy.close()
+        await asyncio.to_thread(node.destroy)
+
+
+async def _insert_stream_rows(dsn: str, stream: str, n: int) -> list[str]:
+    rows = await pg_fetch(
+        dsn, "INSERT INTO queue_message_stream (stream, content) "
+        "SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, $2) AS g "
+        "RETURNING id::text", stream, n)
+    return [r["id"] for r in rows]
+
+
+async def _stream_table_empty(dsn: str) -> bool:
+    return await count_rows(dsn, "queue_message_stream") == 0

@@ -28,9 +28,10 @@ CREDENTIALS = {"username": "guest", "password": "guest"}
 
 
 @asynccontextmanager
-async def a_stream(name: str) -> AsyncIterator[str]:
-    """A new stream named `name`, deleted at the end."""
-    producer = Producer(STREAM_HOST, STREAM_PORT, **CREDENTIALS)
+async def a_stream(name: str, *, port: int = STREAM_PORT) -> AsyncIterator[str]:
+    """A new stream named `name` (on the node whose stream port is `port`), deleted at the
+    end."""
+    producer = Producer(STREAM_HOST, port, **CREDENTIALS)
     await producer.start()
     try:
         await producer.create_stream(name, exists_ok=True)
@@ -43,7 +44,7 @@ async def a_stream(name: str) -> AsyncIterator[str]:
 
 
 async def read_stream(name: str, *, at_least: int, timeout_s: float = 60.0,
-                      quiet_s: float = 1.0) -> list[dict[str, Any]]:
+                      quiet_s: float = 1.0, port: int = STREAM_PORT) -> list[dict[str, Any]]:
     """Every message of the stream from its first offset: once `at_least` arrived, wait
     `quiet_s` more for any beyond (duplicates would show there). Each as a dict: id (the
     `x-outbox-id` property), message_id, body, offset."""
@@ -62,7 +63,7 @@ async def read_stream(name: str, *, at_least: int, timeout_s: float = 60.0,
                     "offset": context.offset})
         last_arrival = time.monotonic()
 
-    consumer = Consumer(STREAM_HOST, STREAM_PORT, **CREDENTIALS)
+    consumer = Consumer(STREAM_HOST, port, **CREDENTIALS)
     await consumer.start()
     try:
         await consumer.subscribe(name, on_message, decoder=amqp_decoder,

@@ -73,21 +73,33 @@ class RabbitNodeError(RuntimeError):
 class RabbitNode:
     """One private RabbitMQ node on 127.0.0.1 (guest/guest), in a temporary folder."""
 
-    def __init__(self, prefix: str = "relaytest") -> None:
+    def __init__(self, prefix: str = "relaytest", *,
+                 stream_advertised_port: int | None = None) -> None:
+        """`stream_advertised_port`: also run the stream plugin (on `stream_port`), telling
+        clients to connect to that port for every stream's leader (a proxy's, so that every
+        stream connection goes through it)."""
         self.name = f"{prefix}-{secrets.token_hex(4)}"
         self.nodename = f"{self.name}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
+        self.stream_port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.log_path = self.root / "stdout.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._user = self._rabbitmq_user()
-        (self.root / "rabbitmq.conf").write_text(
+        config = (
             f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
             f"vm_memory_high_watermark.relative = {MEMORY_WATERMARK}\n"
             "loopback_users.guest = true\n"
         )
-        (self.root / "enabled_plugins").write_text("[].\n")
+        plugins = "[]"
+        if stream_advertised_port is not None:
+            config += (f"stream.listeners.tcp.1 = 127.0.0.1:{self.stream_port}\n"
+                       "stream.advertised_host = 127.0.0.1\n"
+                       f"stream.advertised_port = {stream_advertised_port}\n")
+            plugins = "[rabbitmq_stream]"
+        (self.root / "rabbitmq.conf").write_text(config)
+        (self.root / "enabled_plugins").write_text(f"{plugins}.\n")
         for sub in ("mnesia", "log"):
             (self.root / sub).mkdir()
         if self._user is not None:
