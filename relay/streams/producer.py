@@ -77,7 +77,7 @@ class StreamLinkSilent(BrokerError):
 
 
 # Sends in a row that the broker did not answer at all before the slot gives its connection
-# up; each waits the confirm timeout (RELAY_STREAM_* defaults: 10 s).
+# up; each waits the confirm timeout (StreamConfig.confirm_timeout_s, 10 s).
 SILENT_SENDS = 2
 # How long opening the slot's connection (TCP, TLS, the stream protocol's handshake) may take,
 # and closing it: over a silent link the client waits 5 s for each goodbye of each of its
@@ -165,13 +165,14 @@ class SlotProducer:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             await self._producer.start()
             self.frame_max = int((await self._producer.default_client).frame_max)
+        self.silent_sends = 0  # a new connection
 
     async def start_afresh(self, stream: str) -> None:
         """A new client after a stream refused its publisher or messages: rstream may keep a
         publisher the broker does not know (one whose declaration was refused, when its own
         clean-up failed; one the broker dropped), and every later message to that stream would
-        be refused one by one. Publishers are declared again at
-        each stream's next message, under the same name: the broker's deduplication holds."""
+        be refused one by one. Publishers are declared again at each stream's next message,
+        under the same name: the broker's deduplication holds."""
         self._producer.forget_publishers_of(stream)
         with contextlib.suppress(Exception):
             await self.close()
