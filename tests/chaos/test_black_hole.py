@@ -31,7 +31,7 @@ from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, pg_fetchrow, 
 from tests.kit.consumer import Consumer
 from tests.kit.producer import fresh_ids, insert_rows, insert_with_ids
 from tests.kit.proxy import TcpProxy, proxy_for, via_proxy
-from tests.kit.stream import a_stream, read_stream
+from tests.kit.stream import a_stream, insert_stream_rows, read_stream, stream_table_empty
 from tests.servers.rabbitmq_node import RabbitNode
 
 pytestmark = pytest.mark.chaos
@@ -317,11 +317,11 @@ async def test_black_hole_to_the_stream_port__slots_give_their_connections_up_an
             with relays(env, tmp_path, amqp_url=node.url, streams="true", stream_producers=1,
                         stream_port=proxy.port, stream_lease_s=60) as group:
                 relay = group.start()
-                first = await _insert_stream_rows(env.pg_dsn, name, 20)
-                await wait_until(lambda: _stream_table_empty(env.pg_dsn), timeout_s=60,
+                first = await insert_stream_rows(env.pg_dsn, name, 20)
+                await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                                  what="the first rows sent")
                 proxy.black_hole()
-                during = await _insert_stream_rows(env.pg_dsn, name, 20)
+                during = await insert_stream_rows(env.pg_dsn, name, 20)
                 # Two confirm timeouts (10 s each), then the relay drops its connection.
                 await wait_until(lambda: bool(proxy.client_closes), timeout_s=40,
                                  what="the relay giving its silent stream connection up")
@@ -330,7 +330,7 @@ async def test_black_hole_to_the_stream_port__slots_give_their_connections_up_an
                       f"{noticed_s:.1f}s")
                 assert relay.alive()
                 await proxy.restore()
-                await wait_until(lambda: _stream_table_empty(env.pg_dsn), timeout_s=60,
+                await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                                  what="the rows written during the cut sent")
                 got = await read_stream(name, at_least=40, port=node.stream_port)
                 assert sorted(m["id"] for m in got) == sorted(first + during), "each row once"
@@ -338,15 +338,3 @@ async def test_black_hole_to_the_stream_port__slots_give_their_connections_up_an
     finally:
         await proxy.close()
         await asyncio.to_thread(node.destroy)
-
-
-async def _insert_stream_rows(dsn: str, stream: str, n: int) -> list[str]:
-    rows = await pg_fetch(
-        dsn, "INSERT INTO queue_message_stream (stream, content) "
-        "SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, $2) AS g "
-        "RETURNING id::text", stream, n)
-    return [r["id"] for r in rows]
-
-
-async def _stream_table_empty(dsn: str) -> bool:
-    return await count_rows(dsn, "queue_message_stream") == 0

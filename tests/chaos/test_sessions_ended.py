@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.harness import relays
-from tests.helpers import Env, count_rows, pg_execute, pg_fetch, wait_until
+from tests.helpers import Env, pg_execute, pg_fetch, wait_until
 from tests.integration.test_http import http_get
 from tests.kit.consumer import Consumer
 from tests.kit.producer import ProducerProcess
 from tests.kit.proxy import free_port
-from tests.kit.stream import a_stream, read_stream
+from tests.kit.stream import a_stream, insert_stream_rows, read_stream, stream_table_empty
 
 pytestmark = pytest.mark.chaos
 
@@ -59,11 +59,7 @@ async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logg
 
                 async def write_stream_rows() -> None:
                     while not stop.is_set():
-                        rows = await pg_fetch(
-                            env.pg_dsn, "INSERT INTO queue_message_stream (stream, content) "
-                            "SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, 5) g "
-                            "RETURNING id::text", stream)
-                        stream_ids.extend(r["id"] for r in rows)
+                        stream_ids.extend(await insert_stream_rows(env.pg_dsn, stream, 5))
                         await asyncio.sleep(0.05)
 
                 writer = asyncio.ensure_future(write_stream_rows())
@@ -96,11 +92,7 @@ async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logg
                 print(f"\n[chaos] sessions ended (seed {seed}): {dict(ended)}; "
                       f"{len(ids)} outbox rows, {len(stream_ids)} stream rows")
                 await consumer.wait_all(ids, timeout_s=90, dsn=env.pg_dsn)
-
-                async def streams_empty() -> bool:
-                    return await count_rows(env.pg_dsn, "queue_message_stream") == 0
-
-                await wait_until(streams_empty, timeout_s=90,
+                await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=90,
                                  what=f"the stream table emptied (seed {seed})")
                 got = await read_stream(stream, at_least=len(stream_ids))
                 in_stream = Counter(m["id"] for m in got)

@@ -29,9 +29,17 @@ from tests.helpers import (
 )
 from tests.integration.test_http import http_get
 from tests.kit.proxy import free_port
-from tests.kit.stream import CREDENTIALS, STREAM_HOST, STREAM_PORT, a_stream, read_stream
+from tests.kit.stream import (
+    CREDENTIALS,
+    STREAM_HOST,
+    STREAM_PORT,
+    STREAM_TABLE,
+    a_stream,
+    insert_stream_rows,
+    read_stream,
+    stream_table_empty,
+)
 
-STREAM_TABLE = "queue_message_stream"
 SERVER = StreamServer(STREAM_HOST, STREAM_PORT, **CREDENTIALS)
 
 
@@ -41,21 +49,13 @@ async def stream() -> AsyncIterator[str]:
         yield name
 
 
-async def insert_stream_rows(dsn: str, stream: str, n: int) -> list[str]:
-    """n rows for `stream` (the producer's INSERT, as docs/streams.md shows it)."""
-    rows = await pg_fetch(
-        dsn, "INSERT INTO queue_message_stream (stream, content) "
-        "SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, $2) AS g "
-        "RETURNING id::text", stream, n)
-    return [r["id"] for r in rows]
-
-
 async def test_streams__every_row_once_in_the_stream_in_row_order(
     env: Env, stream: str, start_relay
 ) -> None:
     ids = await insert_stream_rows(env.pg_dsn, stream, 500)
     start_relay(streams="true", stream_producers=1)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
+                     what="the stream table emptied")
     got = await read_stream(stream, at_least=500)
     assert [m["id"] for m in got] == ids, "each row once, in the order of the rows (one slot)"
     assert [m["message_id"] for m in got] == ids
@@ -78,7 +78,8 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
             stream, pad)]
     port = free_port()
     relay = start_relay(streams="true", stream_producers=1, http_port=port)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
+                     what="the stream table emptied")
     got = await read_stream(stream, at_least=4)
     assert [m["id"] for m in got] == [ids[0], ids[1], ids[2], ids[4]]
     assert len(got[1]["body"]) > 1_040_000
@@ -218,10 +219,6 @@ def relay_status(env: Env) -> dict[str, object]:
     return doc
 
 
-async def _empty(dsn: str) -> bool:
-    return await count_rows(dsn, STREAM_TABLE) == 0
-
-
 async def test_streams__a_takeover_settles_what_the_broker_stored_without_sending_it_again(
     env: Env, stream: str, start_relay, tmp_path: Path
 ) -> None:
@@ -250,7 +247,8 @@ async def test_streams__a_takeover_settles_what_the_broker_stored_without_sendin
     finally:
         await owner.close()
     relay = start_relay(streams="true", stream_producers=1)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
+                     what="the stream table emptied")
     got = await read_stream(stream, at_least=300)
     assert [m["id"] for m in got] == ids, "the stored 200 not again, the other 100 once"
     said = [e for e in relay.log_events() if e.get("event") == "stream_rows_stored_before"]
@@ -323,7 +321,7 @@ async def test_streams__rows_for_a_missing_stream_wait_for_it_and_hold_back_no_o
     assert doc["stream_rows"] == 1500, "relay status counts the rows waiting for streams"
     assert isinstance(doc["stream_oldest_age_s"], float)
     async with a_stream(name):
-        await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+        await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                          what="the stream table emptied once the stream exists")
         got = await read_stream(name, at_least=1500)
     assert [m["id"] for m in got] == ids
@@ -342,7 +340,8 @@ async def test_streams__two_relays_share_the_producer_slots(
     await wait_until(lambda: _owners(env.pg_dsn, {2}), timeout_s=30,
                      what="two relays owning two slots each")
     ids = await insert_stream_rows(env.pg_dsn, stream, 2000)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the stream table emptied")
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
+                     what="the stream table emptied")
     got = await read_stream(stream, at_least=2000)
     assert sorted(m["id"] for m in got) == sorted(ids)
     assert any(e.get("event") == "stream_slot_given_back" for e in first.log_events())
@@ -363,13 +362,14 @@ async def test_streams__sessions_ended_by_the_server_come_back_and_rows_written_
     failover, a restart): the stream side opens new ones and the rows written after go."""
     first = await insert_stream_rows(env.pg_dsn, stream, 50)
     relay = start_relay(streams="true", stream_producers=1, reconnect_max_s=1)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the first rows sent")
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
+                     what="the first rows sent")
     ended = await pg_fetchval(
         env.pg_dsn, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE application_name LIKE 'outbox-relay %' AND datname = current_database()")
     assert ended >= 2, ended
     after = await insert_stream_rows(env.pg_dsn, stream, 50)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                      what="the rows written after the sessions ended sent")
     got = await read_stream(stream, at_least=100)
     assert [m["id"] for m in got] == first + after
@@ -389,13 +389,14 @@ async def test_streams__connections_ended_by_the_broker_come_back_and_rows_go_on
 ) -> None:
     first = await insert_stream_rows(env.pg_dsn, stream, 50)
     relay = start_relay(streams="true", stream_producers=2, stream_lease_s=3)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60, what="the first rows sent")
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
+                     what="the first rows sent")
     killed = (await asyncio.to_thread(
         subprocess.run, ["rabbitmqctl", "eval", KILL_STREAM_CONNECTIONS], check=True,
         capture_output=True, text=True, timeout=60)).stdout
     assert int(killed.strip()) >= 1, killed
     after = await insert_stream_rows(env.pg_dsn, stream, 50)
-    await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+    await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                      what="the rows written after the broker ended the connections sent")
     got = await read_stream(stream, at_least=100)
     assert sorted(m["id"] for m in got) == sorted(first + after)
@@ -429,7 +430,7 @@ async def test_streams__a_stream_the_relay_may_not_write_holds_back_no_other_and
             assert await count_rows(env.pg_dsn, STREAM_TABLE) == 30
             await asyncio.to_thread(rabbitmqctl, "set_permissions", "-p", "/", user, ".*",
                                     ".*", ".*")
-            await wait_until(lambda: _empty(env.pg_dsn), timeout_s=60,
+            await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                              what="the held rows sent once the user may write there")
             got = await read_stream(denied, at_least=30)
             assert [m["id"] for m in got] == held

@@ -21,10 +21,27 @@ from rstream import (
 )
 
 import relay.streams.wire  # noqa: F401 - names outside ASCII, as the relay sends them
+from tests.helpers import count_rows, pg_fetch
 
 STREAM_HOST = os.environ.get("RELAY_TEST_STREAM_HOST", "127.0.0.1")
 STREAM_PORT = int(os.environ.get("RELAY_TEST_STREAM_PORT", "5552"))
 CREDENTIALS = {"username": "guest", "password": "guest"}
+STREAM_TABLE = "queue_message_stream"
+
+
+async def insert_stream_rows(dsn: str, stream: str, n: int) -> list[str]:
+    """n rows for `stream` in one statement (the producer's INSERT, as docs/streams.md shows
+    it); their ids in row order."""
+    rows = await pg_fetch(
+        dsn, f"INSERT INTO {STREAM_TABLE} (stream, content) "
+        "SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, $2) AS g "
+        "RETURNING id::text", stream, n)
+    return [r["id"] for r in rows]
+
+
+async def stream_table_empty(dsn: str) -> bool:
+    """Every stream row was sent (or parked)."""
+    return await count_rows(dsn, STREAM_TABLE) == 0
 
 
 @asynccontextmanager
