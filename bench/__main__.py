@@ -10,8 +10,9 @@ consumer with and without the inbox) and streams (rows into a stream beside a cl
 bench/once.py).
 
 Writes results.json (every scenario's runs, each with its date, command and load average) and
-RESULTS.md into --out (default: bench/ for a full run, a temporary folder for --smoke); a run
-of some scenarios replaces theirs in an existing results.json and keeps the others.
+the suite's block of RESULTS.md into --out (default: bench/ for a full run, a temporary folder
+for --smoke); a run of some scenarios replaces theirs in an existing results.json and keeps the
+others. A scenario with a report of its own writes its block of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -471,11 +472,10 @@ def _own_report(target: str, rest: list[str]) -> int:
 
 
 def render_again(out: Path, update_readme: bool) -> int:
-    """RESULTS.md (and README's block) from an existing results.json: a change of the report's
-    wording or layout, with the figures as they were measured."""
+    """RESULTS.md's suite block (and README's) from an existing results.json: a change of the
+    report's wording or layout, with the figures as they were measured."""
     report = json.loads((out / "results.json").read_text())
-    (out / "RESULTS.md").write_text(render_markdown(report))
-    print(f"wrote {out / 'RESULTS.md'} from {out / 'results.json'}")
+    common.write_block(out / "RESULTS.md", "suite", render_markdown(report))
     if update_readme:
         readme = Path(__file__).parents[1] / "README.md"
         readme.write_text(replace_readme_block(readme.read_text(), render_readme_block(report)))
@@ -565,8 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         "raw": raw,
     }
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "RESULTS.md").write_text(render_markdown(report))
-    print(f"wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
+    print(f"wrote {out / 'results.json'}")
+    common.write_block(out / "RESULTS.md", "suite", render_markdown(report))
     if args.update_readme:
         missing = [n for n in SUITE if n not in scenarios]
         if missing:

@@ -495,16 +495,52 @@ def load_before() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def one_off(module: str, *, scenario: str | None = None, rates: str | None = None,
-            runs: int | None = None, seconds: float | None = None, out: Path | None = None,
-            quiet_below: float = 1.0,
+# The one results file: the suite's block (from results.json beside it) and a block of each
+# scenario with a report of its own, each written by its run between its markers.
+RESULTS = Path(__file__).with_name("RESULTS.md")
+RESULTS_PREAMBLE = (
+    "# Benchmark results\n\nEvery block here is written by a run of `python -m bench` (do not "
+    "edit by hand): the suite's from results.json beside it, each other scenario's by its own "
+    "run, with the command, the date, the machine and the load average before it.\n")
+
+
+def block_markers(name: str) -> tuple[str, str]:
+    """The comments around the block `name` of a Markdown file."""
+    return (f"<!-- python -m bench writes this block: {name} -->",
+            f"<!-- end of the block: {name} -->")
+
+
+def with_block(text: str, name: str, body: str, *, append: bool = True) -> str:
+    """`text` with its block `name` replaced by `body`; a block not there yet is added at the
+    end, or with `append=False` is a ValueError (README's blocks must stay where they are)."""
+    start, end = block_markers(name)
+    block = f"{start}\n\n{body.strip()}\n\n{end}"
+    if start in text:
+        i = text.index(start)
+        j = text.index(end, i) + len(end)
+        return text[:i] + block + text[j:]
+    if not append:
+        raise ValueError(f"no block {name!r} to replace (its marker: {start})")
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def write_block(path: Path, name: str, body: str) -> None:
+    """Replace (or add) the block `name` of the results file `path`, keeping the others."""
+    text = path.read_text() if path.exists() else RESULTS_PREAMBLE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(with_block(text, name, body))
+    print(f"wrote the block {name!r} of {path}")
+
+
+def one_off(module: str, *, scenario: str, rates: str | None = None,
+            runs: int | None = None, seconds: float | None = None, quiet_below: float = 1.0,
             options: dict[str, dict[str, Any]] | None = None,
             ) -> tuple[argparse.Namespace, OneOff]:
-    """A one-off script's command line, parsed, and its run: --out and --quiet-below always;
-    --rates (parsed into pairs), --runs and --seconds where a default is given; `options` are
-    the script's own (flag -> add_argument keywords). `scenario`: the name `python -m bench
-    --scenario` runs it by, where a module holds more than one."""
-    prog = f"python -m bench --scenario {scenario} --" if scenario else f"python -m {module}"
+    """A scenario with a report of its own: its command line, parsed, and its run. --out
+    (default: its block of bench/RESULTS.md) and --quiet-below always; --rates (parsed into
+    pairs), --runs and --seconds where a default is given; `options` are the script's own
+    (flag -> add_argument keywords)."""
+    prog = f"python -m bench --scenario {scenario} --"
     parser = argparse.ArgumentParser(prog=prog)
     for flag, kwargs in (options or {}).items():
         parser.add_argument(flag, **kwargs)
@@ -515,40 +551,44 @@ def one_off(module: str, *, scenario: str | None = None, rates: str | None = Non
         parser.add_argument("--runs", type=int, default=runs)
     if seconds is not None:
         parser.add_argument("--seconds", type=float, default=seconds)
-    parser.add_argument("--out", type=Path, required=out is None, default=out,
-                        help="the Markdown results file to write")
+    parser.add_argument("--out", type=Path,
+                        help="a Markdown file of its own to write (default: the scenario's "
+                        "block of bench/RESULTS.md)")
     parser.add_argument("--quiet-below", type=float, default=quiet_below,
                         help="wait (up to 2 min) for the 1-minute load average to fall under "
                         "this before each run")
     args = parser.parse_args()
-    return args, OneOff(module, prog)
+    return args, OneOff(module, scenario)
 
 
 @dataclass
 class OneOff:
-    """A one-off script's run (bench/compare.py, bench/spark/run.py): the command that
-    started it, when, the load average then, and its results file."""
+    """A run of a scenario with a report of its own: the command that started it, when, the
+    load average then, and where its report goes."""
 
     module: str
-    prog: str = ""  # how it was started, when not `python -m <module>`
+    scenario: str
     started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     load: list[float] = field(default_factory=load_before)
 
     @property
     def command(self) -> str:
         """The command line, as a reader would type it."""
-        return f"{self.prog or 'python -m ' + self.module} " + shlex.join(sys.argv[1:])
+        return f"python -m bench --scenario {self.scenario} -- " + shlex.join(sys.argv[1:])
 
     def header(self, title: str, *details: str) -> list[str]:
-        """The first lines of the results file: what wrote it, when, where, on what load."""
+        """The first lines of the report: what wrote it, when, where, on what load."""
         script = self.module.replace(".", "/") + ".py"
-        return [f"# {title}", "", f"Written by `{script}` (do not edit by hand).", "",
+        return [f"## {title}", "", f"Written by `{script}` (do not edit by hand).", "",
                 f"- date: {self.started}", f"- command: `{self.command}`",
                 f"- machine: {machine()}", f"- load average before the run: {self.load}",
                 *(f"- {d}" for d in details), ""]
 
-    def write(self, out: Path, text: str) -> None:
-        """Write the results file."""
+    def write(self, out: Path | None, text: str) -> None:
+        """The report into its block of bench/RESULTS.md, or into the file `out`."""
+        if out is None:
+            write_block(RESULTS, self.scenario, text)
+            return
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         print(f"wrote {out}")

@@ -1,14 +1,15 @@
 """Commit-to-consumer latency (and, with --drain-rows, drain speed) of two builds of the
 relay, back to back in one run.
 
-    python -m bench.compare --before-src /tmp/relay-before --label "pool reset cut" \
-        --rates 1000:4,3000:16 --runs 3 --seconds 10 --drain-rows 100000 --out /tmp/cut.md
+    python -m bench --scenario compare -- --before-src /tmp/relay-before --label "pool reset cut" \
+        --rates 1000:4,3000:16 --runs 3 --seconds 10 --drain-rows 100000
 
 `--before-src` is another checkout of the relay (e.g. `git worktree add /tmp/relay-before
 HEAD~1`); the after build is this tree. Runs alternate (before, after, before, after...) on one
 database with the default notify mode, so both see the same machine; every run records the
 load average before it. Writes a Markdown report (machine, command, date, versions, every run
-and the medians) to --out, and prints one JSON line per run. With --drain-rows, drains of that
+and the medians) into its block of bench/RESULTS.md (or to --out), and prints one JSON line per
+run. With --drain-rows, drains of that
 many rows (the default settings, one relay) alternate the same way after the latency runs, on a
 private cluster with the server's defaults (bench/common.py) like the suite's drains.
 """
@@ -87,7 +88,7 @@ def latency_tables(records: list[dict[str, Any]], key: str, groups: tuple[str, .
             f"{r.get('p50_ms')} | {r.get('p95_ms')} | {r.get('p99_ms')} | "
             f"{r.get('achieved_per_s')} | {r.get('load_before')} | "
             f"{brief_floor(r.get('floor'))} |")
-    lines += ["", "## Medians", "", f"| commits/s | {key} | p50 ms | p99 ms |",
+    lines += ["", "### Medians", "", f"| commits/s | {key} | p50 ms | p99 ms |",
               "|---|---|---|---|"]
     for rate in sorted({r["rate"] for r in records}):
         for group in groups:
@@ -112,14 +113,15 @@ def report(records: list[dict[str, Any]], label: str, run: OneOff, *,
         "how late a 1 ms timer wakes")
     lines += latency_tables(records, "build", ("before", "after"))
     if drains:
-        lines += ["", "## Drains", "",
+        lines += ["", "### Drains", "",
                   *alternation_table(drains, "build", "rows", "before", "after")]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     """Parse arguments, run, write the report."""
-    args, run = one_off("bench.compare", rates="1000:4,3000:16", runs=3, seconds=10.0,
+    args, run = one_off("bench.compare", scenario="compare", rates="1000:4,3000:16", runs=3,
+                        seconds=10.0,
                         options={"--before-src": {"required": True},
                                  "--label": {"required": True},
                                  "--drain-rows": {"type": int, "default": 0}})

@@ -8,7 +8,7 @@ inbox: a consumer with the inbox beside the same consumer without it, messages h
 second. Both take the same messages from a durable queue (published beforehand, persistent, each
 with an `x-outbox-id` as the relay sends it), with the same prefetch and handlers at once, each
 handler writing one business row in a transaction and acking after the commit; the inbox adds
-its record to that transaction (relay.inbox). Writes bench/inbox-RESULTS.md.
+its record to that transaction (relay.inbox). Writes its block of bench/RESULTS.md.
 
 streams: a backlog of `--rows` rows of ~200 bytes committed at once, drained by one `relay run`
 with its defaults into the scenario's durable classic queue (the outbox, as bench/drain.py) and
@@ -17,8 +17,8 @@ rows per second from the commit to the table's last delete. Then the latency of 
 an idle relay (`--latency-rows` one-row transactions, Poisson arrivals at 20/s: commit returned
 to a stream consumer's receipt, from a relay just started: every row counts, each slot's first
 message to the stream among them), woken by the NOTIFY of the stream table's trigger (the
-default) and, alternating, with that trigger disabled (the slots' polling alone). Writes
-bench/streams-RESULTS.md.
+default) and, alternating, with that trigger disabled (the slots' polling alone). Writes its
+block of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -167,8 +167,7 @@ async def inbox_runs(messages: int, runs: int, concurrency: int, prefetch: int,
 
 def inbox_main() -> None:
     """`--scenario inbox`: parse its options, run on a private cluster, write its report."""
-    args, run = one_off("bench.once", scenario="inbox", runs=3,
-                        out=Path(__file__).with_name("inbox-RESULTS.md"), options={
+    args, run = one_off("bench.once", scenario="inbox", runs=3, options={
                             "--messages": {"type": int, "default": 20_000},
                             "--concurrency": {"type": int, "default": 8},
                             "--prefetch": {"type": int, "default": 100}})
@@ -286,7 +285,6 @@ async def stream_runs(rows: int, runs: int, latency_rows: int, quiet_below: floa
 def streams_main() -> None:
     """`--scenario streams`: parse its options, run on a private cluster, write its report."""
     args, run = one_off("bench.once", scenario="streams", runs=3,
-                        out=Path(__file__).with_name("streams-RESULTS.md"),
                         options={"--rows": {"type": int, "default": 100_000},
                                  "--latency-rows": {"type": int, "default": 200}})
     results, latency = run_on_private_server(lambda: stream_runs(
@@ -299,7 +297,7 @@ def streams_main() -> None:
         "stream table over the stream protocol (RELAY_STREAMS=true, 4 producer slots, all to "
         "this relay), deduplicated by the broker")
     lines += alternation_table(results, "destination", "rows", "classic", "stream")
-    lines += ["", "## One row at a time to an idle relay (commit to a stream consumer's receipt, "
+    lines += ["", "### One row at a time to an idle relay (commit to a stream consumer's receipt, "
               "ms)", "", "notify: the default (the stream table's trigger wakes a sleeping "
               "relay); poll: the trigger disabled, the slots' own polling alone (every 50 ms "
               "backing off to 0.5 s). Every row counts, from a relay just started: each slot's "

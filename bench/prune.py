@@ -6,8 +6,8 @@ dropped), on a private cluster with the server's defaults (bench/common.py).
 
 The rows are spread evenly over the last 14 days, so half are older than the cutoff. For each
 archive: the seconds `relay prune` took, the WAL it wrote (pg_current_wal_lsn before and after),
-the dead tuples it left for vacuum, and the archive's size before and after. Writes
-bench/prune-RESULTS.md.
+the dead tuples it left for vacuum, and the archive's size before and after. Writes its
+block of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import asyncio
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -143,8 +142,7 @@ def report(results: list[dict[str, Any]], run: OneOff) -> str:
 
 def main() -> None:
     """Parse arguments, run on a private cluster, write the report."""
-    args, run_ = one_off("bench.prune", runs=1,
-                         out=Path(__file__).with_name("prune-RESULTS.md"),
+    args, run_ = one_off("bench.prune", scenario="prune", runs=1,
                          options={"--rows": {"type": int, "default": 1_000_000}})
     results = run_on_private_server(lambda: run(args.rows, args.runs, args.quiet_below))
     run_.write(args.out, report(results, run_))

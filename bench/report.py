@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.common import with_block
+
 
 def _range(s: dict[str, float]) -> str:
     return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f}, ±{s['spread_pct'] / 2:.0f}%)"
@@ -25,7 +27,7 @@ def _loads(values: list[float]) -> str:
 def _header(report: dict[str, Any]) -> list[str]:
     m, v = report["machine"], report["versions"]
     return [
-        "# Benchmark results",
+        "## The suite",
         "",
         "Written by `python -m bench` (do not edit by hand); raw runs in results.json beside it.",
         "",
@@ -50,7 +52,7 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 
 def _render_drains(s: dict[str, Any]) -> list[str]:
-    lines = ["## Drain throughput (`relay run`, batch 500 × 3 lanes, backlog committed at once)",
+    lines = ["### Drain throughput (`relay run`, batch 500 × 3 lanes, backlog committed at once)",
              "", "pinned: another session holds a REPEATABLE READ snapshot taken before the "
              "backlog's insert until the drain ends (no deleted row can be cleaned up).", "",
              "| processes | publisher | rows | xmin horizon | msg/s | load before | CPU cores: "
@@ -65,7 +67,7 @@ def _render_drains(s: dict[str, Any]) -> list[str]:
             f"{_range(d['msg_per_s'])} "
             f"| {_loads(d['load_before'])} | {c['relay']} / {c['postgres']} / {c['rabbitmq']} / "
             f"{c['other']} |")
-    lines += ["", "## Cost model: CPU-seconds per 1,000 messages while draining", "",
+    lines += ["", "### Cost model: CPU-seconds per 1,000 messages while draining", "",
               "postgres (own sessions) = the backends serving this database (what the relay "
               "causes); postgres (all) and rabbitmq = every process of the server, so they include "
               "other work on this shared machine.", "",
@@ -79,7 +81,7 @@ def _render_drains(s: dict[str, Any]) -> list[str]:
 
 
 def _render_latency(s: dict[str, Any]) -> list[str]:
-    lines = ["", "## Latency, producer commit → consumer receipt (ms)", "",
+    lines = ["", "### Latency, producer commit → consumer receipt (ms)", "",
              "Producers, relay and consumer in separate processes; producers commit 1-row "
              "transactions (Poisson arrivals) on N connections; first second left out.", "",
              "floor: the machine's own p50 right before each run (bench/latency.py), median of "
@@ -104,7 +106,7 @@ def _floor(floor: dict[str, Any] | None) -> str:
 
 
 def _render_producers(s: dict[str, Any]) -> list[str]:
-    lines = ["", "## Producers spared: pgbench, 8 clients, one 1-row INSERT per transaction", "",
+    lines = ["", "### Producers spared: pgbench, 8 clients, one 1-row INSERT per transaction", "",
              "Rounds alternate the modes on the live table; ratio = the mode's commits/s over no "
              "trigger (`off`) in the same round. backlog: one relay drains a backlog all along "
              "(rows left at the end > 0); live: two relays follow the producers from an empty "
@@ -117,7 +119,7 @@ def _render_producers(s: dict[str, Any]) -> list[str]:
                      f"{min(e['notifications'])}–{max(e['notifications'])} | "
                      f"{min(e['rows_left']):,}–{max(e['rows_left']):,} | "
                      f"{_loads(e['load_before'])} |")
-    lines += ["", "## What a trigger costs a bulk insert (one INSERT … SELECT, no relay)", "",
+    lines += ["", "### What a trigger costs a bulk insert (one INSERT … SELECT, no relay)", "",
               "| trigger | rows/s | ratio to no trigger | load before |", "|---|---|---|---|"]
     for e in s["triggers"]:
         lines.append(f"| {e['trigger']} | {_range(e['rows_per_s'])} | "
@@ -164,7 +166,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     """RESULTS.md: what ran where, then every figure with its median and spread."""
     s = report["summary"]
     lines = _header(report)
-    lines += ["## Targets (default mode, medians of this run)", "",
+    lines += ["### Targets (default mode, medians of this run)", "",
               "| target | measured | bound | met |", "|---|---|---|---|"]
     lines += [f"| {name} | {'-' if v is None else f'{v:g}'} | {bound} | "
               f"{'yes' if met else '**no**'} |"
@@ -172,10 +174,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "For a target not met, docs/speed.md (\"The targets and the latest full run\") "
               "gives where its time goes, from the traces, profiles and per-process CPU of "
               "the experiments it quotes, and what would move it."]
-    lines += ["", "## Ratios (this run)", "", "| ratio | value |", "|---|---|"]
+    lines += ["", "### Ratios (this run)", "", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {val} |" for k, val in s["ratios"].items()]
     lines += ["", *_render_drains(s)]
-    lines += ["", "## Ceilings and baseline (same run)", "", "| path | msg/s |", "|---|---|"]
+    lines += ["", "### Ceilings and baseline (same run)", "", "| path | msg/s |", "|---|---|"]
     names = {"classic_relay": "classic per-row relay (1 tx + 1 confirm channel per row)",
              "aio_pika_pipelined": "aio-pika, confirms pipelined (1,000 in flight)",
              "bulk_frames": "bulk-frame publish limit (BulkPublisher alone, 3 × 500 in flight, "
@@ -189,7 +191,7 @@ def render_markdown(report: dict[str, Any]) -> str:
 def _render_fairness(s: dict[str, Any]) -> list[str]:
     if not s.get("fairness"):
         return []
-    lines = ["", "## Live rows beside a bulk job (bench/fairness.py)", "",
+    lines = ["", "### Live rows beside a bulk job (bench/fairness.py)", "",
              "The relays run with their defaults before a bulk job commits its rows in one "
              "INSERT … SELECT (to a durable queue nobody consumes during the run); the bulk "
              "drains once alone, then again while an application commits one row per "
@@ -207,10 +209,6 @@ def _render_fairness(s: dict[str, Any]) -> list[str]:
                      f"{_ms(e['live_p95_ms'])} | {_ms(e['live_p99_ms'])} | "
                      f"{_ms(e['live_max_ms'])} | {_loads(e['load_before'])} |")
     return lines
-
-
-README_START = "<!-- python -m bench --update-readme writes this block from bench/results.json -->"
-README_END = "<!-- end of the block python -m bench writes -->"
 
 
 def _cost_lines(s: dict[str, Any]) -> list[str]:
@@ -251,8 +249,7 @@ def render_readme_block(report: dict[str, Any]) -> str:
     lat = {(e["mode"], e["rate_per_s"]): e for e in s["latency"]}
     prod = {(e["situation"], e["mode"]): e for e in s["producers"]}
     mode = report["notify_mode"]
-    lines = [README_START, "",
-             f"`{report['command']}`, {report['date'][:16].replace('T', ' ')} UTC, nproc "
+    lines = [f"`{report['command']}`, {report['date'][:16].replace('T', ' ')} UTC, nproc "
              f"{m['nproc']}, {m['memory_gb']} GB, load average before the suite "
              f"{report['load_before'][0]:.1f} (before each run: bench/RESULTS.md); notify mode "
              f"`{mode}` (the default) unless marked.", ""]
@@ -293,11 +290,10 @@ def render_readme_block(report: dict[str, Any]) -> str:
                      f"ms, p99 {e['live_p99_ms']['median']:.2f} ms while the bulk drained at "
                      f"{e['drain_ratio']['median']:.2f}x its rate alone "
                      f"(median of {e['live_p50_ms']['n']:.0f}).")
-    lines += ["", *_cost_lines(s), "", README_END]
+    lines += ["", *_cost_lines(s)]
     return "\n".join(lines)
 
 
 def replace_readme_block(readme: str, block: str) -> str:
-    """README text with the block between the markers replaced (markers must exist)."""
-    start, end = readme.index(README_START), readme.index(README_END) + len(README_END)
-    return readme[:start] + block + readme[end:]
+    """README text with its figures block replaced (its markers must be there)."""
+    return with_block(readme, "figures", block, append=False)

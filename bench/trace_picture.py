@@ -27,13 +27,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from bench.common import AMQP_URL, ROUTING_KEY, Relay, create_env, drop_env
+from bench.common import AMQP_URL, ROUTING_KEY, Relay, create_env, drop_env, with_block
 from relay.tracing.producer import outbox_options
 from tests.servers.otlp_receiver import OtlpReceiver, ReceivedSpan
 
-README_START = "<!-- bench/trace_picture.py writes this block -->"
 WARM_UP = 50  # untraced rows first, one every 10 ms
-README_END = "<!-- end of the block bench/trace_picture.py writes -->"
 
 
 async def one_trace() -> tuple[list[ReadableSpan], list[ReceivedSpan], str]:
@@ -142,13 +140,11 @@ def picture(app: list[ReadableSpan], relay: list[ReceivedSpan], exchange: str) -
 
 
 def update_readme(readme: Path, text: str) -> None:
-    """Write the picture between the block's markers."""
-    body = readme.read_text()
-    start, end = body.index(README_START), body.index(README_END) + len(README_END)
-    block = (f"{README_START}\n\n`python -m bench --scenario trace-picture -- --update-readme`, "
+    """Write the picture into README's trace block."""
+    block = (f"`python -m bench --scenario trace-picture -- --update-readme`, "
              f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, the machine's own "
-             f"servers:\n\n```\n{text}\n```\n\n{README_END}")
-    readme.write_text(body[:start] + block + body[end:])
+             f"servers:\n\n```\n{text}\n```")
+    readme.write_text(with_block(readme.read_text(), "trace picture", block, append=False))
 
 
 def main() -> None:

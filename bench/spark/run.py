@@ -4,7 +4,7 @@ consumed) with one relay running.
 
     .venv/bin/python -m bench --scenario spark -- [--rows 1000000] [--rounds 3]
         [--path-rows 200000] [--master standalone|local[2]] [--modes plain,staged,copy,append]
-        [--server private|shared] [--quiet-below 1.0] [--out bench/spark-RESULTS.md]
+        [--server private|shared] [--quiet-below 1.0] [--out FILE]
 
 `--master standalone` (the default) starts a Spark standalone master and one 2-core worker on
 127.0.0.1 from the installed pyspark (tests/spark/standalone.py) and runs the writes there.
@@ -12,8 +12,9 @@ consumed) with one relay running.
 PostgreSQL: a private initdb cluster with the server's defaults (bench/common.py), or with
 `--server shared` the local one (BENCH_PG_DSN); RabbitMQ: the local one (BENCH_AMQP_URL). Makes
 and drops its own database, exchange and queue. Before each write it waits (at most 2 min) for
-the 1-minute load average to fall under `--quiet-below`. Writes --out (the machine, the
-command, the date and the load average before each write) and prints it.
+the 1-minute load average to fall under `--quiet-below`. Writes its block of bench/RESULTS.md
+(or --out: the machine, the command, the date and the load average before each write) and
+prints it.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def report(args: argparse.Namespace, run: OneOff, facts: dict[str, Any],
     ]
     lines += [f"| {r['round']} | {r['mode']} | {r['rows_per_s']:,.0f} | {r['seconds']:.1f} | "
               f"{r['load_before']} |" for r in runs]
-    lines += ["", "## Medians", "",
+    lines += ["", "### Medians", "",
               "| mode | median rows/s | min–max rows/s | median ratio to plain append |",
               "|---|---:|---:|---:|"]
     for mode, values in rates.items():
@@ -227,8 +228,7 @@ async def run(args: argparse.Namespace, admin_dsn: str, facts: dict[str, Any],
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    args, one = one_off("bench.spark.run", scenario="spark",
-                        out=ROOT / "bench" / "spark-RESULTS.md", options={
+    args, one = one_off("bench.spark.run", scenario="spark", options={
                             "--rows": {"type": int, "default": 1_000_000},
                             "--rounds": {"type": int, "default": 3},
                             "--path-rows": {"type": int, "default": 200_000,

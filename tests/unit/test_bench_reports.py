@@ -26,7 +26,7 @@ def _has_provenance(text: str, run: OneOff) -> None:
 
 
 def test_a_one_off_report__names_command_date_machine_and_load(tmp_path: Path) -> None:
-    run = OneOff("bench.example")
+    run = OneOff("bench.example", "example")
     text = compare.report([_latency("build", "before", 1000, 1.5),
                            _latency("build", "after", 1000, 1.2)], "a cut", run)
     _has_provenance(text, run)
@@ -37,7 +37,7 @@ def test_a_one_off_report__names_command_date_machine_and_load(tmp_path: Path) -
 
 
 def test_a_latency_report_shows_the_machines_floor_beside_each_run() -> None:
-    run = OneOff("bench.compare")
+    run = OneOff("bench.compare", "compare")
     measured = {"pg_commit": {"p50_ms": 0.13, "p99_ms": 3.0},
                 "amqp_confirm": {"p50_ms": 1.04, "p99_ms": 6.6},
                 "timer_late": {"p50_ms": 0.09, "p99_ms": 0.2}}
@@ -60,17 +60,16 @@ def test_one_off__parses_the_shared_options_and_the_scripts_own(
 ) -> None:
     monkeypatch.setattr(sys, "argv", ["x", "--rates", "1000:4,300:2", "--out", "r.md",
                                       "--label", "a cut"])
-    args, run = one_off("bench.example", rates="1000:4", runs=3,
+    args, run = one_off("bench.example", scenario="example", rates="1000:4", runs=3,
                         options={"--label": {"required": True}})
     assert args.rates == [(1000, 4), (300, 2)]
     assert (args.runs, args.out, args.quiet_below, args.label) == (3, Path("r.md"), 1.0, "a cut")
     assert not hasattr(args, "seconds")
-    assert run.command == "python -m bench.example --rates 1000:4,300:2 --out r.md --label 'a cut'"
+    assert run.command == ("python -m bench --scenario example -- --rates 1000:4,300:2 "
+                           "--out r.md --label 'a cut'")
     monkeypatch.setattr(sys, "argv", ["x"])
-    with pytest.raises(SystemExit):
-        one_off("bench.example")  # --out is required unless the script gives a default
-    args, _ = one_off("bench.example", out=Path("default.md"), quiet_below=1.5)
-    assert (args.out, args.quiet_below) == (Path("default.md"), 1.5)
+    args, _ = one_off("bench.example", scenario="example", quiet_below=1.5)
+    assert (args.out, args.quiet_below) == (None, 1.5)  # no --out: its block of RESULTS.md
 
 
 def test_builds__each_relay_start_sees_its_build_and_the_setting_comes_back() -> None:
@@ -110,8 +109,7 @@ def test_a_scenario_of_the_bench_command__is_named_by_the_command_that_runs_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sys, "argv", ["x", "--rows", "10"])
-    _, run = one_off("bench.once", scenario="streams", out=Path("s.md"),
-                     options={"--rows": {"type": int}})
+    _, run = one_off("bench.once", scenario="streams", options={"--rows": {"type": int}})
     assert run.command == "python -m bench --scenario streams -- --rows 10"
 
 
@@ -137,9 +135,53 @@ def test_the_committed_results__are_what_the_report_code_writes_from_results_jso
     --update-readme`), so neither describes a report the code no longer writes."""
     import json
 
+    from bench.common import with_block
     from bench.report import render_markdown, render_readme_block
 
     bench = Path(__file__).resolve().parents[2] / "bench"
     report = json.loads((bench / "results.json").read_text())
-    assert (bench / "RESULTS.md").read_text() == render_markdown(report)
+    results = (bench / "RESULTS.md").read_text()
+    assert with_block(results, "suite", render_markdown(report)) == results
     assert render_readme_block(report) in (bench.parent / "README.md").read_text()
+
+
+def test_the_one_results_file__holds_a_block_of_every_scenario_with_a_report() -> None:
+    """Every scenario `python -m bench --scenario` runs writes its block of bench/RESULTS.md,
+    and each block there names the command that wrote it."""
+    from bench.__main__ import OWN_REPORTS
+    from bench.common import RESULTS, block_markers
+
+    text = RESULTS.read_text()
+    # compare records one experiment at a time (docs/speed.md names its runs' commits);
+    # trace-picture writes README's picture.
+    for name in ["suite", *(n for n in OWN_REPORTS if n not in ("compare", "trace-picture"))]:
+        start, end = block_markers(name)
+        assert start in text, name
+        assert end in text, name
+        block = text[text.index(start):text.index(end)]
+        assert "command: `python -m bench" in block, name
+
+
+def test_a_block__replaced_in_place_added_at_the_end_or_refused_where_it_must_exist(
+    tmp_path: Path,
+) -> None:
+    from bench.common import block_markers, with_block, write_block
+
+    start, end = block_markers("a")
+    text = f"intro\n\n{start}\n\nold\n\n{end}\n\nafter\n"
+    assert with_block(text, "a", "new\n") == f"intro\n\n{start}\n\nnew\n\n{end}\n\nafter\n"
+    added = with_block(text, "b", "b's")
+    assert added.startswith(text.rstrip("\n"))
+    assert added.endswith(f"{block_markers('b')[0]}\n\nb's\n\n{block_markers('b')[1]}\n")
+    with pytest.raises(ValueError, match="no block 'b'"):
+        with_block(text, "b", "x", append=False)
+    out = tmp_path / "RESULTS.md"
+    write_block(out, "a", "one")
+    write_block(out, "b", "two")
+    write_block(out, "a", "three")
+    written = out.read_text()
+    assert written.startswith("# Benchmark results")
+    assert "three" in written
+    assert "two" in written
+    assert "one" not in written
+    assert written.index(block_markers("a")[0]) < written.index(block_markers("b")[0])
