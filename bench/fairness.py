@@ -5,7 +5,7 @@ One run, with `relay run` at its defaults already running and idle:
 1. alone: a bulk job commits its rows in one INSERT ... SELECT; the time until every
    message is in the bulk queue and the outbox is empty gives the bulk's rate alone;
 2. beside live rows: the same bulk, and from its commit on an application commits one row per
-   transaction at LIVE_RATE (bench/producer.py, Poisson arrivals, its own process) to another
+   transaction at LIVE_RATE (bench/latency.py's producer process, Poisson arrivals) to another
    routing key, bound to a queue this process consumes. Each live row's latency is commit ->
    consumer (CLOCK_MONOTONIC in both processes); only rows committed before the bulk drained
    count. The bulk's rate beside them over its rate alone is the cost of fairness.
@@ -33,7 +33,7 @@ from bench.common import (
     tail_ms,
     wait_drained,
 )
-from bench.producer import ProducerProcess
+from bench.latency import ProducerProcess
 
 LIVE_KEY = "live"
 LIVE_RATE = 200  # one-row transactions per second, the targets' rate

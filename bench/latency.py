@@ -1,7 +1,7 @@
 """End-to-end latency at a fixed commit rate: producer commit -> consumer receipt, `relay run`.
 
-Three kinds of process, as a user runs them: producers (bench/producer.py: N connections, one
-1-row transaction per commit, Poisson arrivals), the relay, and this process as the consumer.
+Three kinds of process, as a user runs them: producers (`ProducerProcess` below: N connections,
+one 1-row transaction per commit, Poisson arrivals), the relay, and this process as the consumer.
 The producer notes when each commit returned and the consumer when each message_id arrived,
 both on CLOCK_MONOTONIC (one clock for every process of the machine). The first second is a
 warm-up (prepared statements, connection start) and is left out of the percentiles.
@@ -9,10 +9,15 @@ warm-up (prepared statements, connection start) and is left out of the percentil
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import random
+import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ import asyncpg
 from bench import common
 from bench.common import (
     AMQP_URL,
+    ROUTING_KEY,
     BenchEnv,
     Receipts,
     Relay,
@@ -30,7 +36,6 @@ from bench.common import (
     percentile,
     tail_ms,
 )
-from bench.producer import ProducerProcess
 
 WARMUP_S = 1.0
 
@@ -153,3 +158,112 @@ def brief_floor(floor: dict[str, Any] | None) -> str:
         return "-"
     return (f"{floor['pg_commit']['p50_ms']:.2f} / {floor['amqp_confirm']['p50_ms']:.2f} / "
             f"{floor['timer_late']['p50_ms']:.2f}")
+
+
+# ---------------------------------------------------------------------- the producers
+
+INSERT = (
+    "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) "
+    "RETURNING id::text"
+)
+BODY = (
+    '{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
+    '"amount_cents": 45678, "currency": "EUR", "note": "' + "x" * 64 + '", '
+    '"created": "2026-01-01T00:00:00Z"}'
+)
+
+
+async def produce(dsn: str, exchange: str, rate: float, connections: int,
+                  seconds: float, *, routing_key: str = ROUTING_KEY,
+                  ) -> tuple[list[tuple[str, float]], float]:
+    """Commit at `rate` per second over `connections` for `seconds`; (id, commit time) pairs."""
+    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+    out: list[tuple[str, float]] = []
+    per_conn = rate / connections
+    start = time.monotonic() + 0.05
+    end = start + seconds
+
+    async def one(conn: asyncpg.Connection, seed: int) -> None:
+        rnd = random.Random(seed)
+        due = start + rnd.expovariate(per_conn)
+        while due < end:
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            row_id = await conn.fetchval(INSERT, exchange, routing_key, BODY)
+            out.append((row_id, time.monotonic()))
+            due += rnd.expovariate(per_conn)
+
+    try:
+        await asyncio.gather(*(one(c, i) for i, c in enumerate(conns)))
+    finally:
+        for c in conns:
+            await c.close()
+    last = max((t for _, t in out), default=start + seconds)
+    return out, max(last - start, seconds)
+
+
+@dataclass
+class ProducerProcess:
+    """Producers in a process of their own (this module's main): `rate` commits a second for
+    `seconds` on `connections` to `env`'s exchange, each connection on an open-loop Poisson
+    schedule (a commit that falls behind is sent at once, never skipped); after each commit
+    returns, the row's id and commit time (CLOCK_MONOTONIC) go to `out`, one `id time` line
+    per row, and a JSON line with the achieved rate to stdout."""
+
+    env: BenchEnv
+    rate: int
+    seconds: float
+    out: Path
+    connections: int = 1
+    routing_key: str = ROUTING_KEY
+    proc: asyncio.subprocess.Process | None = None
+    report: dict[str, Any] | None = None  # its JSON line: commits, achieved_per_s
+
+    async def start(self) -> None:
+        """Start producing."""
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.latency", "--dsn", self.env.dsn,
+            "--exchange", self.env.exchange, "--rate", str(self.rate),
+            "--connections", str(self.connections), "--seconds", str(self.seconds),
+            "--routing-key", self.routing_key, "--out", str(self.out),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+    async def committed(self) -> dict[str, float]:
+        """Wait for the producer to end; each row's commit time (CLOCK_MONOTONIC), by id."""
+        assert self.proc is not None
+        stdout, stderr = await self.proc.communicate()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"producer failed: {stderr.decode()[-2000:]}")
+        self.report = json.loads(stdout.decode().strip().splitlines()[-1])
+        pairs = (line.split() for line in self.out.read_text().splitlines())
+        return {row_id: float(t) for row_id, t in pairs}
+
+
+def producer_main(argv: list[str] | None = None) -> int:
+    """The producer process: parse flags, produce, write the ids and times."""
+    parser = argparse.ArgumentParser(prog="python -m bench.latency",
+                                     description=ProducerProcess.__doc__)
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--exchange", required=True)
+    parser.add_argument("--rate", type=float, required=True, help="commits per second")
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--routing-key", default=ROUTING_KEY)
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    rows, elapsed = runner(produce(args.dsn, args.exchange, args.rate, args.connections,
+                                   args.seconds, routing_key=args.routing_key))
+    args.out.write_text("".join(f"{i} {t!r}\n" for i, t in rows))
+    print(json.dumps({"commits": len(rows), "achieved_per_s": round(len(rows) / elapsed, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(producer_main())
