@@ -14,12 +14,14 @@ import math
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
 from relay.inbox.store import DEFAULT_TABLE, Handler, Inbox, InboxError, message_key
+from relay.pg.compat import tune_socket
 
 log = logging.getLogger("relay.inbox")
 
@@ -50,6 +52,13 @@ class ConsumerConfig:
     retention_s: inbox rows older than this are deleted every prune_every_s (None: never).
       A message re-delivered after its row was pruned runs again: keep this longer than the
       longest time a message can wait to be re-delivered (a relay or consumer outage).
+    command_timeout_s: a statement on the handler's connection (the inbox's record, the
+      handler's own, the commit) or a connect that gets no answer in this long is given up,
+      the session closed and the message requeued (not counted as an attempt): a link cut
+      without a word, a server or pooler that hangs. A handler's statement that needs longer
+      passes its own `timeout=`. The sessions' TCP keepalives follow it too, on both ends: the
+      server ends the session of a consumer gone without a word after about as long, and a
+      message delivered again waits no longer than that for its record's lock.
     """
 
     queue: str
@@ -61,6 +70,7 @@ class ConsumerConfig:
     max_attempts: int = 5
     retention_s: float | None = 7 * 86400.0
     prune_every_s: float = 600.0
+    command_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         def bad(name: str, what: str) -> InboxError:
@@ -81,11 +91,31 @@ class ConsumerConfig:
             raise bad("retention_s", "a positive number of seconds, or None to keep every row")
         if not (math.isfinite(self.prune_every_s) and self.prune_every_s > 0):
             raise bad("prune_every_s", "a positive number of seconds")
+        if not (math.isfinite(self.command_timeout_s) and 3 <= self.command_timeout_s <= 86400):
+            raise bad("command_timeout_s", "between 3 and 86400 seconds")
 
     @property
     def name(self) -> str:
         """The name messages are recorded under."""
         return self.consumer or self.queue
+
+    def pool_args(self) -> dict[str, Any]:
+        """asyncpg.create_pool() arguments for command_timeout_s: the statements' and the
+        connect's bound, and TCP keepalives on both ends of each session (the server's as
+        startup settings, the client's on its socket)."""
+        idle, interval = max(1, int(self.command_timeout_s / 3)), max(1, int(
+            self.command_timeout_s / 6))
+        user_timeout_ms = int(self.command_timeout_s * 1000)
+
+        async def tune(conn: Any) -> None:
+            tune_socket(conn, idle_s=idle, interval_s=interval, user_timeout_ms=user_timeout_ms)
+
+        return {"command_timeout": self.command_timeout_s, "timeout": self.command_timeout_s,
+                "init": tune,
+                "server_settings": {"tcp_keepalives_idle": str(idle),
+                                    "tcp_keepalives_interval": str(interval),
+                                    "tcp_keepalives_count": "3",
+                                    "tcp_user_timeout": str(user_timeout_ms)}}
 
 
 def delivery_attempt(message: AbstractIncomingMessage, counted: int) -> int:
@@ -115,6 +145,7 @@ class InboxConsumer:
         self.handled = 0
         self.duplicates = 0
         self.failed = 0
+        self.database_away = 0  # messages requeued because the database was away
         self._attempts: OrderedDict[str, int] = OrderedDict()
         self._slots = asyncio.Semaphore(config.concurrency)
 
@@ -122,7 +153,8 @@ class InboxConsumer:
         """Consume until `stop` is set (or the task is cancelled); then finish the handlers
         running, and close."""
         cfg = self.config
-        pool = await asyncpg.create_pool(self.pg_dsn, min_size=1, max_size=cfg.concurrency)
+        pool = await asyncpg.create_pool(self.pg_dsn, min_size=1, max_size=cfg.concurrency,
+                                         **cfg.pool_args())
         try:
             inbox = Inbox(pool, cfg.name, cfg.table)
             await inbox.check()
@@ -149,7 +181,10 @@ class InboxConsumer:
             finally:
                 await connection.close()
         finally:
-            await pool.close()
+            try:  # a handler still running past its drain keeps its connection
+                await asyncio.wait_for(pool.close(), cfg.command_timeout_s)
+            except TimeoutError:
+                pool.terminate()
 
     async def _one(self, inbox: Inbox, message: AbstractIncomingMessage) -> None:
         async with self._slots:
@@ -164,7 +199,8 @@ class InboxConsumer:
                 ran = await inbox.handle(key, message, self.handler)
             except DATABASE_AWAY as exc:
                 # The database went away: not the message's fault; it comes back.
-                log.warning("inbox database unavailable (%s); message %s requeued", exc, key)
+                self.database_away += 1
+                log.warning("inbox database unavailable (%r); message %s requeued", exc, key)
                 await asyncio.sleep(1.0)
                 await _settle(message.nack(requeue=True), key)
                 return

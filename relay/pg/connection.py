@@ -108,21 +108,10 @@ def session_args(db: DatabaseConfig, role: str) -> dict[str, Any]:
 
 
 def tune_socket(conn: Conn, user_timeout_ms: int) -> None:
-    """Client-side TCP keepalives and TCP_USER_TIMEOUT on the session's socket: a cut link is
-    noticed by the kernel (unanswered keepalives on an idle session, unacknowledged data on a
-    busy one) instead of a statement waiting out its timeout. The tcp_keepalives_* server
-    settings only cover the server's side. asyncpg has no option for this: its transport's
-    socket is reached through relay/pg/compat.py (tests/integration/test_compat.py)."""
-    sock = pg_compat.socket_of(conn)
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return  # a unix socket has no network to lose
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
-                            ("TCP_USER_TIMEOUT", user_timeout_ms)):
-            option = getattr(socket, name, None)
-            if option is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    """Client-side TCP keepalives (10 s idle, then every 5 s) and TCP_USER_TIMEOUT on the
+    session's socket (relay/pg/compat.py): a cut link is noticed by the kernel instead of a
+    statement waiting out its timeout."""
+    pg_compat.tune_socket(conn, idle_s=10, interval_s=5, user_timeout_ms=user_timeout_ms)
 
 
 async def require_read_write(conn: Conn) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from relay.inbox import ConsumerConfig, InboxConsumer, InboxError, migrate
 from tests.helpers import RELAY_BIN, Env, pg_execute, pg_fetch, pg_fetchval, pg_session, wait_until
 from tests.kit.inbox_consumer import BUSINESS_TABLE, record_order
 from tests.kit.producer import insert_rows
+from tests.kit.proxy import proxy_for, via_proxy
 
 
 @pytest.fixture
@@ -103,6 +105,45 @@ async def test_inbox__a_message_delivered_again_is_acked_without_running_the_han
     assert (consumer.handled, consumer.duplicates) == (1, 1)
     assert await pg_fetchval(consumer_db, "SELECT count(*) FROM orders") == 1
     assert await queue_depth(env) == 0, "the duplicate is acked, not left in the queue"
+
+
+async def test_inbox__a_database_that_goes_silent_is_given_up_and_the_message_handled_once_after(
+    env: Env, consumer_db: str
+) -> None:
+    """A database link that goes silent mid-transaction (nothing reset, nothing refused: a
+    black hole, as a hung pooler or a cut that nothing reports) is given up within
+    command_timeout_s while it is still silent, and the message requeued; once the link is
+    back, the message is handled once. Without the bound, the handler's COMMIT waited on the
+    silent link for as long as it stayed silent."""
+    proxy = await proxy_for(consumer_db)
+    in_transaction = asyncio.Event()
+
+    async def handler(message: Any, conn: Any) -> None:
+        await record_order(message, conn)
+        if not in_transaction.is_set():
+            in_transaction.set()
+            await asyncio.sleep(1.0)  # the link goes silent meanwhile; the COMMIT goes into it
+
+    bound_s = 4.0
+    try:
+        async with running(env, via_proxy(consumer_db, proxy.port), handler, concurrency=1,
+                           prefetch=1, command_timeout_s=bound_s) as consumer:
+            await publish(env, outbox_message(str(uuid.uuid4())))
+            await asyncio.wait_for(in_transaction.wait(), 20)
+            proxy.black_hole()
+            cut = time.monotonic()
+            await wait_until(lambda: consumer.database_away >= 1, timeout_s=bound_s * 3 + 5,
+                             what="the consumer to give the silent database link up")
+            noticed_s = time.monotonic() - cut
+            assert consumer.handled == 0, "nothing can commit through a black hole"
+            await proxy.restore()
+            await wait_until(lambda: consumer.handled == 1, timeout_s=30,
+                             what="the requeued message handled once the link is back")
+    finally:
+        await proxy.close()
+    assert noticed_s <= bound_s * 3, noticed_s
+    assert await pg_fetchval(consumer_db, "SELECT count(*) FROM orders") == 1
+    assert await queue_depth(env) == 0
 
 
 async def test_inbox__two_consumers_racing_on_one_message_run_the_handler_once(

@@ -67,11 +67,24 @@ def test_table_name__anything_else_is_refused_saying_what_is_allowed(name: str) 
     ({"concurrency": 0}, "concurrency"), ({"prefetch": 4, "concurrency": 8}, "concurrency"),
     ({"on_error": "drop"}, "on_error"), ({"max_attempts": 0}, "max_attempts"),
     ({"retention_s": 0}, "retention_s"), ({"retention_s": float("nan")}, "retention_s"),
-    ({"prune_every_s": -1}, "prune_every_s"),
+    ({"prune_every_s": -1}, "prune_every_s"), ({"command_timeout_s": 0}, "command_timeout_s"),
+    ({"command_timeout_s": float("inf")}, "command_timeout_s"),
 ])
 def test_consumer_config__a_bad_setting_is_named(kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(InboxError, match=f"setting {named}="):
         ConsumerConfig(**{"queue": "orders", **kwargs})
+
+
+def test_consumer_config__the_command_timeout_bounds_statements_connects_and_keepalives() -> None:
+    args = ConsumerConfig(queue="orders", command_timeout_s=30).pool_args()
+    assert (args["command_timeout"], args["timeout"]) == (30, 30)
+    # Both ends notice a silent link within about the bound: first probe after a third of it,
+    # then every sixth, and unacknowledged data or probes for the whole bound end the session.
+    assert args["server_settings"] == {"tcp_keepalives_idle": "10",
+                                       "tcp_keepalives_interval": "5",
+                                       "tcp_keepalives_count": "3",
+                                       "tcp_user_timeout": "30000"}
+    assert callable(args["init"])
 
 
 def test_consumer_config__the_name_is_the_queues_unless_given() -> None:

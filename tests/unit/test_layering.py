@@ -92,12 +92,13 @@ def test_every_folder_imports_only_what_it_may() -> None:
     assert crossings == []
 
 
-# What the inbox may import of relay/: itself, and the SQL loader (standard library only), so a
-# consumer needs aio-pika and asyncpg and nothing else of the relay's dependencies.
-INBOX_MAY_IMPORT = ("relay.inbox", "relay.pg.queries")
+# What the inbox may import of relay/: itself, the SQL loader and the socket tuning (standard
+# library and asyncpg only), so a consumer needs aio-pika and asyncpg and nothing else of the
+# relay's dependencies.
+INBOX_MAY_IMPORT = ("relay.inbox", "relay.pg.queries", "relay.pg.compat")
 
 
-def test_the_inbox_imports_nothing_of_the_relay_but_the_sql_loader() -> None:
+def test_the_inbox_imports_nothing_of_the_relay_but_the_sql_loader_and_the_socket_tuning() -> None:
     crossings = [f"{path.relative_to(RELAY.parent)} imports {module}"
                  for folder, path in _modules() if folder == "inbox"
                  for module in _imports(path)
