@@ -9,7 +9,9 @@ stream row is in the stream once, both relays still run, and neither logged an e
 these sessions' ends is an outage its owner expects. Two bugs of this kind were found by
 reading logs (a wake-up session ending during its lock wait ended the relay; the stream side
 never opened a new session after the server ended its own); this test ends every kind of
-session at every moment of its life. Seeded: a failure names its seed."""
+session at every moment of its life. In single-active mode the same faults end leaders, which
+exit by design and are started again, while the other relay leads. Seeded: a failure names its
+seed."""
 
 from __future__ import annotations
 
@@ -33,6 +35,20 @@ pytestmark = pytest.mark.chaos
 
 FAULT_S = 20.0
 BATCH = 100
+
+
+async def end_a_session(dsn: str, rng: random.Random, ended: Counter[str]) -> None:
+    """End one relay session of the database: a kind of session first, then one of that kind,
+    so that every kind is hit about as often, however many sessions of it there are."""
+    sessions = await pg_fetch(
+        dsn, "SELECT pid, split_part(application_name, ' ', 2) AS role "
+        "FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE 'outbox-relay %' ORDER BY pid")
+    if sessions:
+        role = rng.choice(sorted({r["role"] for r in sessions}))
+        victim = rng.choice([r for r in sessions if r["role"] == role])
+        await pg_execute(dsn, "SELECT pg_terminate_backend($1)", victim["pid"])
+        ended[victim["role"]] += 1
 
 
 async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logged(
@@ -67,18 +83,7 @@ async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logg
                 until = loop.time() + FAULT_S
                 while loop.time() < until:
                     await asyncio.sleep(rng.uniform(0.1, 0.6))
-                    sessions = await pg_fetch(
-                        env.pg_dsn, "SELECT pid, split_part(application_name, ' ', 2) AS role "
-                        "FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name LIKE 'outbox-relay %' ORDER BY pid")
-                    if sessions:
-                        # A kind of session first, then one of that kind: every kind is hit
-                        # about as often, however many sessions of it there are.
-                        role = rng.choice(sorted({r["role"] for r in sessions}))
-                        victim = rng.choice([r for r in sessions if r["role"] == role])
-                        await pg_execute(env.pg_dsn, "SELECT pg_terminate_backend($1)",
-                                         victim["pid"])
-                        ended[victim["role"]] += 1
+                    await end_a_session(env.pg_dsn, rng, ended)
                     for proc in procs:
                         assert proc.alive(), f"seed {seed}: a relay exited; ended {dict(ended)}"
                     # The status page's own session is among those ended; it answers 200, or
@@ -116,6 +121,71 @@ async def test_sessions_ended_at_random__nothing_lost_streams_once_no_error_logg
                     assert await proc.stop() == 0, f"seed {seed}"
                 missed = {"worker", "streams", "listener", "status"} - set(ended)
                 assert not missed, f"seed {seed}: no session of {missed} ended: {dict(ended)}"
+    finally:
+        producer.kill()
+        await consumer.stop()
+
+
+async def test_single_active_sessions_ended__a_leader_losing_its_lock_exits_and_a_standby_leads(
+    env: Env, tmp_path: Path
+) -> None:
+    """RELAY_MODE=single-active under the same faults: a leader whose lock session ends exits
+    with status 2 after logging `leadership_lost` (docs/ordering.md), and is started again as
+    a supervisor would; the other relay leads meanwhile. Every row arrives; nothing but the
+    lost leaderships is logged as an error."""
+    seed = random.randrange(1 << 32)
+    rng = random.Random(seed)
+    consumer = await Consumer(env.amqp_url, env.queue, robust=True).start()
+    producer = ProducerProcess(env.pg_dsn, env.exchange, env.routing_key, tmp_path / "ids",
+                               rate=300, chunk=10)
+    ended: Counter[str] = Counter()
+    exits: list[int | None] = []
+    try:
+        with relays(env, tmp_path, mode="single-active", leader_poll_interval_s=0.5,
+                    reconnect_max_s=1, batch_size=BATCH) as group:
+            running = [group.start(), group.start()]
+            await wait_until(lambda: any('"leader_elected"' in p.log_text() for p in running),
+                             what="a leader elected")
+            await producer.start()
+            loop = asyncio.get_running_loop()
+            until = loop.time() + FAULT_S
+
+            def start_again_what_exited() -> None:
+                for i, proc in enumerate(running):
+                    if not proc.alive():
+                        exits.append(proc.proc.wait() if proc.proc else None)
+                        running[i] = group.start()  # as systemd or a Deployment would
+
+            while loop.time() < until:
+                await asyncio.sleep(rng.uniform(0.1, 0.6))
+                await end_a_session(env.pg_dsn, rng, ended)
+                start_again_what_exited()
+            await asyncio.sleep(2.0)  # a leader whose lock session just ended exits meanwhile
+            start_again_what_exited()
+            for proc in running:
+                await wait_until(lambda p=proc: '"relay_started"' in p.log_text(),
+                                 what=f"relay_started (seed {seed})")
+            ids = await producer.stop()
+            print(f"\n[chaos] single-active, sessions ended (seed {seed}): {dict(ended)}; "
+                  f"{len(exits)} leader exits; {len(ids)} rows")
+            await consumer.wait_all(ids, timeout_s=90, dsn=env.pg_dsn)
+            assert set(consumer.ids) == set(ids), f"seed {seed}"
+            assert all(code == 2 for code in exits), f"seed {seed}: exit codes {exits}"
+            lost = [e for p in group.procs for e in p.log_events()
+                    if e.get("event") == "leadership_lost"]
+            assert len(lost) == len(exits), f"seed {seed}: {len(lost)} leadership_lost, {exits}"
+            errors = [e for p in group.procs for e in p.log_events()
+                      if e.get("level") == "error"
+                      and e.get("event") not in ("leadership_lost", "relay_failed")]
+            assert not errors, f"seed {seed}: {errors[:5]}"
+            failed = [e for p in group.procs for e in p.log_events()
+                      if e.get("event") == "relay_failed"]
+            assert all("leader lock connection lost" in e["error"] for e in failed), (
+                f"seed {seed}: {failed[:3]}")
+            assert ended["leader"] >= 1, f"seed {seed}: no leader session ended: {dict(ended)}"
+            for proc in running:
+                assert proc.alive(), f"seed {seed}"
+                assert await proc.stop() == 0, f"seed {seed}"
     finally:
         producer.kill()
         await consumer.stop()
