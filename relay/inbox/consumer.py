@@ -56,9 +56,9 @@ class ConsumerConfig:
       handler's own, the commit) or a connect that gets no answer in this long is given up,
       the session closed and the message requeued (not counted as an attempt): a link cut
       without a word, a server or pooler that hangs. A handler's statement that needs longer
-      passes its own `timeout=`. The sessions' TCP keepalives follow it too, on both ends: the
-      server ends the session of a consumer gone without a word after about as long, and a
-      message delivered again waits no longer than that for its record's lock.
+      passes its own `timeout=`. The client's TCP keepalives follow it. The server's side is
+      the server's (or the DSN's `options=-c tcp_keepalives_idle=...`): no startup setting is
+      sent, which a pooler in front of the server could refuse.
     """
 
     queue: str
@@ -101,21 +101,18 @@ class ConsumerConfig:
 
     def pool_args(self) -> dict[str, Any]:
         """asyncpg.create_pool() arguments for command_timeout_s: the statements' and the
-        connect's bound, and TCP keepalives on both ends of each session (the server's as
-        startup settings, the client's on its socket)."""
-        idle, interval = max(1, int(self.command_timeout_s / 3)), max(1, int(
-            self.command_timeout_s / 6))
+        connect's bound, and the client's TCP keepalives on each session's socket (the first
+        probe after a third of the bound without traffic, then every sixth; unanswered probes
+        or unacknowledged data for the whole bound end the session)."""
+        idle = max(1, int(self.command_timeout_s / 3))
+        interval = max(1, int(self.command_timeout_s / 6))
         user_timeout_ms = int(self.command_timeout_s * 1000)
 
         async def tune(conn: Any) -> None:
             tune_socket(conn, idle_s=idle, interval_s=interval, user_timeout_ms=user_timeout_ms)
 
         return {"command_timeout": self.command_timeout_s, "timeout": self.command_timeout_s,
-                "init": tune,
-                "server_settings": {"tcp_keepalives_idle": str(idle),
-                                    "tcp_keepalives_interval": str(interval),
-                                    "tcp_keepalives_count": "3",
-                                    "tcp_user_timeout": str(user_timeout_ms)}}
+                "init": tune}
 
 
 def delivery_attempt(message: AbstractIncomingMessage, counted: int) -> int:
