@@ -53,12 +53,13 @@ class ConsumerConfig:
       A message re-delivered after its row was pruned runs again: keep this longer than the
       longest time a message can wait to be re-delivered (a relay or consumer outage).
     command_timeout_s: a statement on the handler's connection (the inbox's record, the
-      handler's own, the commit) or a connect that gets no answer in this long is given up,
-      the session closed and the message requeued (not counted as an attempt): a link cut
-      without a word, a server or pooler that hangs. A handler's statement that needs longer
-      passes its own `timeout=`. The client's TCP keepalives follow it. The server's side is
-      the server's (or the DSN's `options=-c tcp_keepalives_idle=...`): no startup setting is
-      sent, which a pooler in front of the server could refuse.
+      handler's own, the commit) or a connect that gets no answer in this long is given up
+      (cancelled, or the session closed when the cancel goes unanswered too) and the message
+      requeued (not counted as an attempt): a link cut without a word, a server or pooler
+      that hangs. A handler's statement that needs longer passes its own `timeout=`. The
+      client's TCP keepalives follow it. The server's side is the server's (or the DSN's
+      `options=-c tcp_keepalives_idle=...`): no startup setting is sent, which a pooler in
+      front of the server could refuse.
     """
 
     queue: str
