@@ -9,9 +9,9 @@ HEAD~1`); the after build is this tree. Runs alternate (before, after, before, a
 database with the default notify mode, so both see the same machine; every run records the
 load average before it. Writes a Markdown report (machine, command, date, versions, every run
 and the medians) into its block of bench/RESULTS.md (or to --out), and prints one JSON line per
-run. With --drain-rows, drains of that
-many rows (the default settings, one relay) alternate the same way after the latency runs, on a
-private cluster with the server's defaults (bench/common.py) like the suite's drains.
+run. With --drain-rows, drains of that many rows (the default settings, one relay) alternate the
+same way after the latency runs, on a private cluster with the server's defaults
+(bench/common.py) like the suite's drains.
 """
 
 from __future__ import annotations
