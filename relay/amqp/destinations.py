@@ -6,7 +6,8 @@ channel, and a channel close loses the confirms of everything in flight on it. S
 message to an exchange the relay has not yet published to on this connection goes alone, on a
 probe channel nothing else uses; once the broker confirmed it, the exchange is *proven* and its
 messages share the busy channel. A refusal is remembered for a while, for what it refused: the
-exchange (the user may not write to it, it does not exist) or, when RabbitMQ's topic
+exchange (the user may not write to it; it does not exist, then the rows fail as
+`exchange_not_found`, the fault the exchange check names) or, when RabbitMQ's topic
 permissions refused one routing key ("write access to topic 'k' in exchange 'x' ..."), that
 routing key of the exchange alone. Rows it covers are failed without sending (retried later
 with backoff, parked after the attempts) instead of closing a channel again for each; the
@@ -78,11 +79,17 @@ class Destinations:
             entry = self._refused.get(key)
             if entry is None or now - entry[0] >= self.refused_ttl_s:
                 continue
+            later = f"tried again after {self.refused_ttl_s:g}s"
+            if key[1] is None and "NOT_FOUND" in entry[1]:
+                # The same fault as the exchange check finds, in the same words.
+                return Fault(Reason.EXCHANGE_NOT_FOUND,
+                             f"exchange {exchange!r} not found at the relay's last publish, "
+                             f"not sent ({later}): {entry[1]}")
             what = (f"exchange {exchange!r}" if key[1] is None
                     else f"routing key {routing_key!r} of exchange {exchange!r}")
             return Fault(Reason.DESTINATION_REFUSED,
-                         f"{what} refused the relay's last publish, not sent "
-                         f"(tried again after {self.refused_ttl_s:g}s): {entry[1]}")
+                         f"{what} refused the relay's last publish, not sent ({later}): "
+                         f"{entry[1]}")
         return None
 
     def prove(self, exchange: str, routing_key: str, now: float) -> None:

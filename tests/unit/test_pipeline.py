@@ -467,14 +467,19 @@ async def test_probe__an_open_the_library_cancels_leaves_rows_unsent_not_a_crash
 
 
 async def test_probe__a_404_close_is_exchange_not_found_not_a_channel_close() -> None:
-    """When the passive check could not run, the broker's 404 on the probe names the fault."""
+    """When the passive check could not run, the broker's 404 on the probe names the fault,
+    for the row that met it and, while it is remembered, for the exchange's other rows in the
+    check's words (they were `destination_refused`: one fault, two reasons)."""
     def probe_answer(ms: Sequence[Message]) -> Sent:
         return Sent([Confirm.LOST], closed_by_broker="NOT_FOUND - no exchange 'gone' in vhost '/'")
 
-    pipeline, _, _ = _probed(FakeConnection(), probe_answer)
+    pipeline, _, probe = _probed(FakeConnection(), probe_answer)
     result = await pipeline.publish(_to("gone", "g0", "g1"))
-    assert result.failed["g0"].reason is Reason.EXCHANGE_NOT_FOUND
-    assert result.failed["g1"].reason is Reason.DESTINATION_REFUSED
+    again = await pipeline.publish(_to("gone", "g2"))
+    for fault in (result.failed["g0"], result.failed["g1"], again.failed["g2"]):
+        assert fault.reason is Reason.EXCHANGE_NOT_FOUND
+        assert fault.text.startswith("exchange 'gone' not found")
+    assert probe.sends == [["g0"]], "a remembered 404 is not sent again"
 
 
 def _keyed(exchange: str, *pairs: tuple[str, str]) -> list[Message]:
