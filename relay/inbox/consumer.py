@@ -35,6 +35,15 @@ DATABASE_AWAY = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceErro
 _ATTEMPTS_KEPT = 10_000
 
 
+class HandlerTimeout(Exception):
+    """The handler's work got no answer in time (command_timeout_s, or its own `timeout=`)."""
+
+    def __init__(self, timeout: TimeoutError, bound_s: float) -> None:
+        super().__init__(f"the handler's work got no answer in time (command_timeout_s="
+                         f"{bound_s:g}s, or its own timeout=) while the database answered a check")
+        self.timeout = timeout
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     """How the consumer takes messages and what it does when the handler fails.
@@ -55,8 +64,12 @@ class ConsumerConfig:
     command_timeout_s: a statement on the handler's connection (the inbox's record, the
       handler's own, the commit) or a connect that gets no answer in this long is given up
       (cancelled, or the session closed when the cancel goes unanswered too) and the message
-      requeued (not counted as an attempt): a link cut without a word, a server or pooler
-      that hangs. A handler's statement that needs longer passes its own `timeout=`. The
+      requeued without counting an attempt (a link cut without a word, a server or pooler
+      that hangs, another session still holding this message's record). One exception: a
+      handler's own statement that ran out of time while the database answers a check (a
+      slow query, a lock held elsewhere) is a counted failure, so a message whose work never
+      finishes in time is rejected after max_attempts. A handler's statement that needs
+      longer passes its own `timeout=`. The
       client's TCP keepalives follow it. The server's side is the server's (or the DSN's
       `options=-c tcp_keepalives_idle=...`): no startup setting is sent, which a pooler in
       front of the server could refuse.
@@ -194,7 +207,18 @@ class InboxConsumer:
                 await _settle(message.reject(requeue=False), "(no id)")
                 return
             try:
-                ran = await inbox.handle(key, message, self.handler)
+                try:
+                    ran = await inbox.handle(key, message, self._run_handler)
+                except HandlerTimeout as exc:
+                    if not await self._database_answers():
+                        raise exc.timeout from exc  # the database is away, not the work slow
+                    # The handler's work (a slow query, a lock held elsewhere) outlasted the
+                    # bound while the database answers: counted, so a message that never
+                    # finishes in time is rejected after max_attempts instead of coming back
+                    # uncounted for ever.
+                    self.failed += 1
+                    await self._failed(key, message, exc)
+                    return
             except DATABASE_AWAY as exc:
                 # The database went away: not the message's fault; it comes back.
                 self.database_away += 1
@@ -213,6 +237,28 @@ class InboxConsumer:
                 log.info("message %s handled before; acked without running the handler", key)
             self._attempts.pop(key, None)
             await _settle(message.ack(), key)
+
+    async def _run_handler(self, message: AbstractIncomingMessage, conn: Any) -> None:
+        try:
+            await self.handler(message, conn)
+        except TimeoutError as exc:
+            raise HandlerTimeout(exc, self.config.command_timeout_s) from exc
+
+    async def _database_answers(self) -> bool:
+        """The database answers a trivial statement on a session of its own (the pool's may
+        all be busy with the slow work), within half of command_timeout_s (at most 5 s)."""
+        async def check() -> None:
+            conn = await asyncpg.connect(self.pg_dsn)
+            try:
+                await conn.fetchval("SELECT 1")
+            finally:
+                conn.terminate()
+
+        try:
+            await asyncio.wait_for(check(), min(5.0, self.config.command_timeout_s / 2))
+        except (TimeoutError, *DATABASE_AWAY, asyncpg.PostgresError):
+            return False
+        return True
 
     async def _failed(self, key: str, message: AbstractIncomingMessage, exc: Exception) -> None:
         counted = self._attempts.pop(key, 0) + 1

@@ -146,6 +146,30 @@ async def test_inbox__a_database_that_goes_silent_is_given_up_and_the_message_ha
     assert await queue_depth(env) == 0
 
 
+async def test_inbox__work_that_outlasts_the_bound_while_the_database_answers_counts_an_attempt(
+    env: Env, consumer_db: str, dead_letter_queue: str
+) -> None:
+    """A handler's statement that runs past command_timeout_s while the database answers (a
+    slow query, a lock held elsewhere) was requeued uncounted, as if the database were away:
+    the message came back for ever. It is a counted attempt, rejected after max_attempts."""
+    calls = 0
+
+    async def slow(message: Any, conn: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await record_order(message, conn)
+        await conn.execute("SELECT pg_sleep(60)")
+
+    async with running(env, consumer_db, slow, max_attempts=2, command_timeout_s=3.0,
+                       ) as consumer:
+        await publish(env, outbox_message(str(uuid.uuid4())))
+        await wait_until(lambda: queue_depth(env, dead_letter_queue), timeout_s=30,
+                         what="the message rejected to the dead-letter queue")
+    assert (calls, consumer.failed, consumer.database_away) == (2, 2, 0)
+    assert await pg_fetchval(consumer_db, "SELECT count(*) FROM orders") == 0
+    assert await pg_fetchval(consumer_db, "SELECT count(*) FROM relay_inbox") == 0
+
+
 async def test_inbox__two_consumers_racing_on_one_message_run_the_handler_once(
     env: Env, consumer_db: str
 ) -> None:
