@@ -1,5 +1,9 @@
-"""The whole Spark test module again under Spark 3.5 (the extra accepts >=3.5,<5), in the
-second virtual environment .ci/steps/spark.sh builds: every test of tests/spark but this one."""
+"""The Spark tests again under Spark 3.5 (the extra accepts >=3.5,<5), in the second virtual
+environment .ci/steps/spark.sh builds: every test of tests/spark but this one, on PostgreSQL 15
+(the server's version is not Spark's: 4.x runs each test on 15 and 18), and of the standalone
+cluster's spark-submits the executor killed in copy mode only (the mode whose own code runs on
+the executors; staged and append write with Spark's own JDBC writer, which the local-mode tests
+run under 3.5). Each spark-submit is a minute of JVMs on a 2-core machine."""
 
 from __future__ import annotations
 
@@ -14,6 +18,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv" / "spark-3.5"
 
+ONLY = ("not pg18 and not append_mode_writes_every_event "
+        "and not (executor_killed_then_rerun and staged)")
+
 
 def test_spark_3_5__every_spark_test_passes() -> None:
     python = VENV / "bin" / "python"
@@ -27,7 +34,7 @@ def test_spark_3_5__every_spark_test_passes() -> None:
 
     done = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark",
-         "--ignore", str(Path(__file__).relative_to(ROOT))],
+         "--ignore", str(Path(__file__).relative_to(ROOT)), "-k", ONLY],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1700, check=False,
     )
 
