@@ -83,6 +83,8 @@ SILENT_SENDS = 2
 # and closing it: over a silent link the client waits 5 s for each goodbye of each of its
 # connections (the locator's, each leader's) before it drops the socket.
 CONNECT_TIMEOUT_S = 10.0
+# The stream an idle slot asks the broker about (SlotProducer.check); it need not exist.
+LINK_CHECK_STREAM = "outbox-relay-link-check"
 CLOSE_TIMEOUT_S = 15.0
 
 
@@ -202,6 +204,20 @@ class SlotProducer:
                 if size > limit:
                     out.append((row, size))
         return out, limit
+
+    async def check(self, timeout_s: float) -> None:
+        """Ask the broker something (a stream's metadata) on the slot's first connection:
+        StreamLinkSilent when no answer comes within `timeout_s`. Any answer, a stream missing
+        included, is one."""
+        client = await self._producer.default_client
+        try:
+            await asyncio.wait_for(client.stream_exists(LINK_CHECK_STREAM), timeout_s)
+        except TimeoutError:
+            self.silent_sends = SILENT_SENDS  # nothing to say goodbye to either
+            raise StreamLinkSilent(f"no answer from the broker to a check within {timeout_s:g} s "
+                                   "while the slot was idle: the stream connection is given "
+                                   "up") from None
+        self.silent_sends = 0
 
     async def last_stored(self, stream: str) -> int:
         """The highest publishing id the broker stored for this producer name in `stream`

@@ -16,9 +16,13 @@ share (slots / stream relays alive), and for each slot it owns runs one loop:
 A lost lease stops the slot's loop at once; the new owner starts at step 1.
 
 A slot with nothing to send looks again soon, less often the longer it stays so (at most every
-IDLE_MAX_S). When every slot of the relay is idle, the relay also takes the stream table's
-wake-up lock on a connection that LISTENs (sql/migrations/0019): producers' INSERTs then send a
-NOTIFY, which wakes the slots at once; the first slot that finds rows gives the lock back.
+IDLE_MAX_S); after IDLE_CHECK_S without a word from the broker it asks the broker something, and
+gives its connection up when no answer comes within the confirm timeout, so a link cut without
+a word while nothing was sent is found before rows come, not by their unanswered sends.
+
+When every slot of the relay is idle, the relay also takes the stream table's wake-up lock on a
+connection that LISTENs (sql/migrations/0019): producers' INSERTs then send a NOTIFY, which
+wakes the slots at once; the first slot that finds rows gives the lock back.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ log = structlog.get_logger("relay.streams")
 FRAME_BODY_BYTES = 512 * 1024
 # The longest pause between looks of an idle slot: the most a row for a stream waits.
 IDLE_MAX_S = 0.5
+# An idle slot that heard nothing from the broker for this long checks its connection.
+IDLE_CHECK_S = 10.0
 # A producer holds the wake-up lock shared while its INSERT's transaction is open (it saw no
 # relay asleep and sent no NOTIFY): look again this soon, a few times, for its rows.
 PRODUCER_WRITING_S = 0.005
@@ -238,13 +244,9 @@ class StreamWorker:
         try:
             store = await self._open_store()
             await producer.start()
-            for stream in await store.streams_of(slot):
-                last = await producer.last_stored(stream)
-                settled = await store.settle_stored(slot, stream, last)
-                if settled:
-                    log.info("stream_rows_stored_before", slot=slot, stream=stream,
-                             last_publishing_id=last, rows=settled)
+            await self._take_over(store, producer, slot)
             idle = cfg.idle_s
+            heard = time.monotonic()  # the broker's last word on this slot's connection
             while True:
                 assigned = await store.assign(slot, cfg.lease_s, cfg.batch)
                 if assigned is None:
@@ -253,12 +255,18 @@ class StreamWorker:
                 rows = await store.assigned(slot, cfg.batch)
                 if rows:
                     await self._awake()
-                    if await self._send(store, producer, rows):
+                    progressed = await self._send(store, producer, rows)
+                    if producer.silent_sends == 0:
+                        heard = time.monotonic()
+                    if progressed:
                         idle = cfg.idle_s
                         continue
                     # Nothing went (their streams cannot take messages): try again later.
                     await asyncio.sleep(idle)
                 else:
+                    if time.monotonic() - heard >= IDLE_CHECK_S:
+                        await producer.check(cfg.confirm_timeout_s)
+                        heard = time.monotonic()
                     # Nothing to send: look again soon (at once on a NOTIFY).
                     await self._idle_wait(slot, idle)
                 # Less often the longer it stays so.
@@ -277,6 +285,17 @@ class StreamWorker:
                     await store.release(slot)
                 with contextlib.suppress(Exception):
                     await store.close()
+
+    @staticmethod
+    async def _take_over(store: StreamStore, producer: SlotProducer, slot: int) -> None:
+        """Step 1: delete the slot's rows the broker stored before (sent by the previous owner,
+        which died before deleting them)."""
+        for stream in await store.streams_of(slot):
+            last = await producer.last_stored(stream)
+            settled = await store.settle_stored(slot, stream, last)
+            if settled:
+                log.info("stream_rows_stored_before", slot=slot, stream=stream,
+                         last_publishing_id=last, rows=settled)
 
     async def _send(self, store: StreamStore, producer: SlotProducer,
                     rows: list[StreamRow]) -> bool:

@@ -294,14 +294,18 @@ async def test_single_active_leader_black_holed__its_lock_session_ends_and_a_sta
         await proxy.close()
 
 
+@pytest.mark.parametrize("rows", ["during the cut", "after the cut is found"])
 async def test_black_hole_to_the_stream_port__slots_give_their_connections_up_and_rows_go_once(
-    env: Env, tmp_path: Path
+    env: Env, tmp_path: Path, rows: str
 ) -> None:
     """A silent cut between the relay and RabbitMQ's stream port. The stream client notices
     nothing by itself (its heartbeat only logs), and a slot used to send its unanswered rows
     again on the same connection every confirm timeout for as long as TCP held it open: with a
     middlebox that answers for the broker, for ever. Now two sends in a row without any answer
-    give the connection up, and a new one (bounded) is tried. (The slot's lease is long here:
+    give the connection up, and a new one (bounded) is tried. A slot with nothing to send used
+    to notice nothing until rows came; now, after 10 s without a word from the broker, it asks
+    the broker something and gives the connection up when no answer comes within the confirm
+    timeout (rows after the cut is found). (The slot's lease is long here:
     one that runs out during an unanswered send also ends the slot's connection, which hid the
     hang whenever the lease was not longer than the confirm timeout.) A private node advertises the
     proxy's port, so that every stream connection (the locator's, the leader's) goes through
@@ -321,14 +325,18 @@ async def test_black_hole_to_the_stream_port__slots_give_their_connections_up_an
                 await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                                  what="the first rows sent")
                 proxy.black_hole()
-                during = await insert_stream_rows(env.pg_dsn, name, 20)
-                # Two confirm timeouts (10 s each), then the relay drops its connection.
-                await wait_until(lambda: bool(proxy.client_closes), timeout_s=40,
+                if rows == "during the cut":
+                    during = await insert_stream_rows(env.pg_dsn, name, 20)
+                # Busy: two confirm timeouts (10 s each); idle: 10 s, then a check's confirm
+                # timeout; then the relay drops its connection (its goodbye waits 5 s).
+                await wait_until(lambda: bool(proxy.client_closes), timeout_s=45,
                                  what="the relay giving its silent stream connection up")
                 noticed_s = proxy.client_closes[0] - (proxy.black_holed_at or 0.0)
-                print(f"\n[chaos] black hole to the stream port: connection given up after "
-                      f"{noticed_s:.1f}s")
+                print(f"\n[chaos] black hole to the stream port, rows {rows}: connection given "
+                      f"up after {noticed_s:.1f}s")
                 assert relay.alive()
+                if rows != "during the cut":
+                    during = await insert_stream_rows(env.pg_dsn, name, 20)
                 await proxy.restore()
                 await wait_until(lambda: stream_table_empty(env.pg_dsn), timeout_s=60,
                                  what="the rows written during the cut sent")
