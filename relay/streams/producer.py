@@ -131,6 +131,15 @@ class _Producer(Producer):
     async def _close_locator_connection(self) -> None:
         return None
 
+    async def _maybe_clean_up_during_lost_connection(self, publisher_id: int) -> None:
+        """The client's clean-up after a publisher declaration failed (the stream refused it,
+        or the connection broke) first sleeps 0-2 s at random, then asks the broker to delete
+        the publisher it never made: each try of a refusing stream stalled its slot's other
+        streams that long. The slot drops the whole client after either (SlotProducer.
+        start_afresh, or the slot's close), so here the publisher is only forgotten.
+        tests/unit/test_stream_wire.py checks that the client still calls it there."""
+        self._publishers.pop(publisher_id, None)
+
     def forget_publishers_of(self, stream: str | None) -> None:
         """Drop the client's publishers of `stream` (None: all) without asking the broker to
         delete them: the broker does not know them (a declaration it refused, one it dropped)

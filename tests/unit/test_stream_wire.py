@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 
@@ -44,6 +45,25 @@ def test_the_client_closes_its_locator_connection_through_the_method_the_relay_o
     closes = inspect.getsource(Producer._close_locator_connection)
     assert ".close()" in closes
     assert _Producer._close_locator_connection is not Producer._close_locator_connection
+
+
+async def test_a_failed_publisher_declaration_is_cleaned_up_through_the_method_the_relay_overrides(
+) -> None:
+    """rstream's own clean-up sleeps 0-2 s at random first: the relay's forgets at once."""
+    from rstream.producer import _Publisher
+
+    from relay.streams.producer import _Producer
+
+    declares = inspect.getsource(Producer._get_or_create_publisher)
+    assert declares.count("await self._maybe_clean_up_during_lost_connection(publisher_id)") == 2
+    assert "sleep(randrange" in inspect.getsource(Producer._maybe_clean_up_during_lost_connection)
+    producer = _Producer("127.0.0.1", username="u", password="p")
+    producer._publishers[3] = _Publisher(id=3, reference="r", stream="s", sequence=None,
+                                         client=None)  # type: ignore[arg-type]
+    async with asyncio.timeout(0.1):
+        await producer._maybe_clean_up_during_lost_connection(3)
+        await producer._maybe_clean_up_during_lost_connection(7)  # never made: nothing to do
+    assert producer._publishers == {}
 
 
 def test_the_client_keeps_its_publishers_by_id_with_their_stream__which_the_relay_drops_from(
