@@ -48,6 +48,11 @@ def refused_routing_key(why: str) -> bool:
     return TOPIC_REFUSAL in why
 
 
+def exchange_missing(why: str) -> bool:
+    """The broker's close says the exchange does not exist (404 NOT_FOUND)."""
+    return "NOT_FOUND" in why
+
+
 @dataclass
 class Destinations:
     """Proven and refused exchanges of one broker connection (time is the loop's clock)."""
@@ -80,7 +85,7 @@ class Destinations:
             if entry is None or now - entry[0] >= self.refused_ttl_s:
                 continue
             later = f"tried again after {self.refused_ttl_s:g}s"
-            if key[1] is None and "NOT_FOUND" in entry[1]:
+            if key[1] is None and exchange_missing(entry[1]):
                 # The same fault as the exchange check finds, in the same words.
                 return Fault(Reason.EXCHANGE_NOT_FOUND,
                              f"exchange {exchange!r} not found at the relay's last publish, "

@@ -37,7 +37,7 @@ import structlog
 
 from relay.amqp import compat
 from relay.amqp.connection import BrokerConnection
-from relay.amqp.destinations import Destinations
+from relay.amqp.destinations import Destinations, exchange_missing
 from relay.amqp.encoder import Encoder
 from relay.amqp.frames import HEARD, Confirm
 from relay.amqp.transports import Bulk, PerMessage, Sent, Transport
@@ -296,7 +296,7 @@ class Pipeline:
         if any(code in why for code in _DESTINATION_CODES):
             self.destinations.refuse(m.exchange, m.routing_key, why,
                                      asyncio.get_running_loop().time())
-        if "NOT_FOUND" in why:
+        if exchange_missing(why):
             # The exchange check missed it (a side channel that could not check, an exchange
             # deleted since): the broker's 404 says what it is.
             result.failed[m.id] = Fault(Reason.EXCHANGE_NOT_FOUND,
