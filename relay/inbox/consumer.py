@@ -20,7 +20,7 @@ import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
-from relay.inbox.store import DEFAULT_TABLE, Handler, Inbox, InboxError, message_key
+from relay.inbox.store import DEFAULT_TABLE, Handler, Inbox, InboxError, message_key, session
 from relay.pg.compat import tune_socket
 
 log = logging.getLogger("relay.inbox")
@@ -37,11 +37,6 @@ _ATTEMPTS_KEPT = 10_000
 
 class HandlerTimeout(Exception):
     """The handler's work got no answer in time (command_timeout_s, or its own `timeout=`)."""
-
-    def __init__(self, timeout: TimeoutError, bound_s: float) -> None:
-        super().__init__(f"the handler's work got no answer in time (command_timeout_s="
-                         f"{bound_s:g}s, or its own timeout=) while the database answered a check")
-        self.timeout = timeout
 
 
 @dataclass(frozen=True)
@@ -207,24 +202,19 @@ class InboxConsumer:
                 await _settle(message.reject(requeue=False), "(no id)")
                 return
             try:
-                try:
-                    ran = await inbox.handle(key, message, self._run_handler)
-                except HandlerTimeout as exc:
-                    if not await self._database_answers():
-                        raise exc.timeout from exc  # the database is away, not the work slow
-                    # The handler's work (a slow query, a lock held elsewhere) outlasted the
-                    # bound while the database answers: counted, so a message that never
-                    # finishes in time is rejected after max_attempts instead of coming back
-                    # uncounted for ever.
-                    self.failed += 1
-                    await self._failed(key, message, exc)
+                ran = await inbox.handle(key, message, self._run_handler)
+            except HandlerTimeout as exc:
+                if not await self._database_answers():
+                    await self._database_away(key, message, exc)
                     return
+                # The handler's work (a slow query, a lock held elsewhere) outlasted the bound
+                # while the database answers: counted, so a message that never finishes in
+                # time is rejected after max_attempts instead of coming back for ever.
+                self.failed += 1
+                await self._failed(key, message, exc)
+                return
             except DATABASE_AWAY as exc:
-                # The database went away: not the message's fault; it comes back.
-                self.database_away += 1
-                log.warning("inbox database unavailable (%r); message %s requeued", exc, key)
-                await asyncio.sleep(1.0)
-                await _settle(message.nack(requeue=True), key)
+                await self._database_away(key, message, exc)
                 return
             except Exception as exc:
                 self.failed += 1
@@ -238,25 +228,32 @@ class InboxConsumer:
             self._attempts.pop(key, None)
             await _settle(message.ack(), key)
 
+    async def _database_away(self, key: str, message: AbstractIncomingMessage,
+                             exc: Exception) -> None:
+        """The database went away: not the message's fault; it comes back."""
+        self.database_away += 1
+        log.warning("inbox database unavailable (%r); message %s requeued", exc, key)
+        await asyncio.sleep(1.0)
+        await _settle(message.nack(requeue=True), key)
+
     async def _run_handler(self, message: AbstractIncomingMessage, conn: Any) -> None:
         try:
             await self.handler(message, conn)
         except TimeoutError as exc:
-            raise HandlerTimeout(exc, self.config.command_timeout_s) from exc
+            raise HandlerTimeout(
+                f"the handler's work got no answer within command_timeout_s="
+                f"{self.config.command_timeout_s:g}s (or its own timeout=)") from exc
 
     async def _database_answers(self) -> bool:
         """The database answers a trivial statement on a session of its own (the pool's may
         all be busy with the slow work), within half of command_timeout_s (at most 5 s)."""
         async def check() -> None:
-            conn = await asyncpg.connect(self.pg_dsn)
-            try:
+            async with session(self.pg_dsn) as conn:
                 await conn.fetchval("SELECT 1")
-            finally:
-                conn.terminate()
 
         try:
             await asyncio.wait_for(check(), min(5.0, self.config.command_timeout_s / 2))
-        except (TimeoutError, *DATABASE_AWAY, asyncpg.PostgresError):
+        except (TimeoutError, InboxError, *DATABASE_AWAY, asyncpg.PostgresError):
             return False
         return True
 
