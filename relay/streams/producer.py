@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -159,6 +160,7 @@ class SlotProducer:
         self.name = name
         self.frame_max = 0  # known once started
         self.silent_sends = 0  # sends in a row the broker did not answer at all
+        self.heard_at = time.monotonic()  # when the broker last answered on this connection
         self._server = server
         self._asked_frame_max = frame_max
         self._producer = self._client()
@@ -177,6 +179,7 @@ class SlotProducer:
             await self._producer.start()
             self.frame_max = int((await self._producer.default_client).frame_max)
         self.silent_sends = 0  # a new connection
+        self.heard_at = time.monotonic()
 
     async def start_afresh(self, stream: str) -> None:
         """A new client after a stream refused its publisher or messages: rstream may keep a
@@ -227,6 +230,7 @@ class SlotProducer:
                                    "while the slot was idle: the stream connection is given "
                                    "up") from None
         self.silent_sends = 0
+        self.heard_at = time.monotonic()
 
     async def last_stored(self, stream: str) -> int:
         """The highest publishing id the broker stored for this producer name in `stream`
@@ -258,6 +262,8 @@ class SlotProducer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), timeout_s)
         self.silent_sends = 0 if answers else self.silent_sends + 1
+        if answers:
+            self.heard_at = time.monotonic()
         return SendResult(
             confirmed=[by_id[p] for p, ok in answers.items() if ok and p in by_id],
             refused=[by_id[p] for p, ok in answers.items() if not ok and p in by_id],

@@ -246,7 +246,6 @@ class StreamWorker:
             await producer.start()
             await self._take_over(store, producer, slot)
             idle = cfg.idle_s
-            heard = time.monotonic()  # the broker's last word on this slot's connection
             while True:
                 assigned = await store.assign(slot, cfg.lease_s, cfg.batch)
                 if assigned is None:
@@ -255,18 +254,14 @@ class StreamWorker:
                 rows = await store.assigned(slot, cfg.batch)
                 if rows:
                     await self._awake()
-                    progressed = await self._send(store, producer, rows)
-                    if producer.silent_sends == 0:
-                        heard = time.monotonic()
-                    if progressed:
+                    if await self._send(store, producer, rows):
                         idle = cfg.idle_s
                         continue
                     # Nothing went (their streams cannot take messages): try again later.
                     await asyncio.sleep(idle)
                 else:
-                    if time.monotonic() - heard >= IDLE_CHECK_S:
+                    if time.monotonic() - producer.heard_at >= IDLE_CHECK_S:
                         await producer.check(cfg.confirm_timeout_s)
-                        heard = time.monotonic()
                     # Nothing to send: look again soon (at once on a NOTIFY).
                     await self._idle_wait(slot, idle)
                 # Less often the longer it stays so.
