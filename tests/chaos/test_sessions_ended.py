@@ -27,8 +27,8 @@ from tests.chaos.harness import relays
 from tests.helpers import Env, pg_execute, pg_fetch, wait_until
 from tests.integration.test_http import http_get
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import ProducerProcess
-from tests.kit.proxy import free_port
 from tests.kit.stream import a_stream, insert_stream_rows, read_stream, stream_table_empty
 
 pytestmark = pytest.mark.chaos

@@ -21,8 +21,8 @@ from tests.chaos.harness import assert_drained, relays, report
 from tests.ha.rabbit_cluster import RabbitCluster, nodes_of, remove_strays
 from tests.helpers import Env, RelayProcess, pg_fetchval, wait_until
 from tests.kit.consumer import Consumer, outbox_state
+from tests.kit.ports import free_port
 from tests.kit.producer import fresh_ids, insert_with_ids
-from tests.servers.rabbitmq_node import free_port
 
 pytestmark = [
     pytest.mark.ha,

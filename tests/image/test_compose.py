@@ -23,7 +23,7 @@ import yaml
 
 from tests.helpers import count_rows, pg_session, wait_until, with_user
 from tests.image.test_image import _image, docker
-from tests.kit.proxy import free_port
+from tests.kit.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_EXCHANGE, DEMO_QUEUE = "demo.events", "demo.printer"  # deploy/compose/consumer.py

@@ -20,8 +20,8 @@ import pytest
 
 from tests.helpers import count_rows, pg_fetchval, wait_until
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
-from tests.kit.proxy import free_port
 
 LABEL = "outbox-relay-ci"  # .ci/image.sh removes containers with this label
 GRACE_S = 30  # docker stop's grace period, as a Deployment's terminationGracePeriodSeconds

@@ -21,8 +21,8 @@ from relay.pg.queries import Queries, TableNames
 from tests.helpers import Env, pg_fetchval, pg_session, wait_until
 from tests.integration.test_status_page import CHROMIUM_FLAGS
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
-from tests.kit.proxy import free_port
 
 Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
 TOKEN = "s3cret-admin-token-0123456789"

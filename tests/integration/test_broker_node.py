@@ -14,8 +14,9 @@ import aio_pika
 from tests.helpers import RELAY_BIN, Env, wait_until
 from tests.integration.test_http import http_get, probe, samples, via
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
-from tests.kit.proxy import TcpProxy, free_port
+from tests.kit.proxy import TcpProxy
 
 
 async def _node_metrics(port: int) -> tuple[set[str], float | None]:

@@ -18,8 +18,9 @@ from tests.chaos.harness import rabbitmqctl
 from tests.helpers import Env, pg_session, with_user
 from tests.integration.test_http import http_get
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
-from tests.kit.proxy import TcpProxy, free_port, via_proxy
+from tests.kit.proxy import TcpProxy, via_proxy
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from relay import dsn
 from tests.helpers import pg_session
-from tests.kit.proxy import free_port
+from tests.kit.ports import free_port
 
 FACTS = ("SELECT current_user::text, current_database()::text, "
          "current_setting('application_name'), inet_server_port(), "

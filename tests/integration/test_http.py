@@ -16,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, wait_until
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
-from tests.kit.proxy import TcpProxy, free_port
+from tests.kit.proxy import TcpProxy
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:

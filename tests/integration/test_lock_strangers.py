@@ -8,7 +8,7 @@ from __future__ import annotations
 from relay.pg.queries import LEADER_LOCK_CLASS, WAKEUP_LOCK_CLASS, Queries, TableNames
 from tests.helpers import Env, pg_session, wait_until
 from tests.integration.test_http import http_get, probe, samples
-from tests.kit.proxy import free_port
+from tests.kit.ports import free_port
 
 
 async def test_lock_strangers__a_squatted_leader_lock_is_reported_and_readiness_fails(

@@ -16,8 +16,8 @@ import pytest
 from tests.helpers import RELAY_BIN, Env, count_rows, pg_session, wait_until
 from tests.integration.test_http import http_get
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
-from tests.kit.proxy import free_port
 
 
 def as_user(dsn: str, user: str, password: str | None = None) -> str:

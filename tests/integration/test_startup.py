@@ -17,8 +17,9 @@ import pytest
 
 from tests.helpers import RELAY_BIN, Env, RelayProcess, pg_fetchval, wait_until
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
-from tests.kit.proxy import TcpProxy, free_port
+from tests.kit.proxy import TcpProxy
 
 EXIT_GAVE_UP = 75
 EXIT_USER_ERROR = 2

@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 from tests.helpers import Env, pg_session, wait_until, with_user
 from tests.integration.test_http import http_get
+from tests.kit.ports import free_port
 from tests.kit.producer import add_dead_letters, insert_rows
-from tests.kit.proxy import TcpProxy, free_port, via_proxy
+from tests.kit.proxy import TcpProxy, via_proxy
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run",

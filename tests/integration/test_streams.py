@@ -28,7 +28,7 @@ from tests.helpers import (
     wait_until,
 )
 from tests.integration.test_http import http_get
-from tests.kit.proxy import free_port
+from tests.kit.ports import free_port
 from tests.kit.stream import (
     CREDENTIALS,
     STREAM_HOST,

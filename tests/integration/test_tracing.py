@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from relay.tracing.otel import OtelTracing
 from relay.tracing.producer import outbox_options
 from tests.helpers import RELAY_BIN, Env, RelayProcess, count_rows, wait_until
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
 from tests.servers.otlp_receiver import OtlpReceiver
 
@@ -169,12 +169,6 @@ def _traced_relay(env: Env, relays: list[RelayProcess], tmp_path: Path,
     return proc
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_relay_run__exports_spans_and_logs_carry_their_ids(
         env: Env, consumer: Consumer, relays: list[RelayProcess], tmp_path: Path) -> None:
     """`relay run` with OTEL_EXPORTER_OTLP_ENDPOINT: a local collector gets the wake-up and
@@ -202,7 +196,7 @@ async def test_relay_run__collector_away__rows_published_spans_dropped(
         env: Env, consumer: Consumer, relays: list[RelayProcess], tmp_path: Path) -> None:
     """Nothing listens at the OTLP endpoint: every row is published, the relay stops on time."""
     relay = _traced_relay(env, relays, tmp_path,
-                          OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_free_port()}",
+                          OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
                           OTEL_BSP_SCHEDULE_DELAY="100", OTEL_EXPORTER_OTLP_TIMEOUT="1")
     ids = await insert_rows(env.pg_dsn, env.exchange, "rk", [{"n": i} for i in range(300)])
     await consumer.wait_for(len(ids))

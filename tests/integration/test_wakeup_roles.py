@@ -137,7 +137,7 @@ async def test_sleeper_session_lost__shown_in_healthz_logged_once_and_taken_agai
     """The gate's session is supervised like every other: its outage reaches /healthz and the
     log (connection_lost / connection_restored, connection=wakeup), and the relay takes the
     sleeper role again on a new session."""
-    from tests.kit.proxy import free_port
+    from tests.kit.ports import free_port
 
     async with pg_session(env.pg_dsn) as conn:
         await migrate(conn, NAMES, NotifyMode.CONDITIONAL)

@@ -22,18 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.kit.ports import free_port
 
 
 @dataclass(eq=False)  # identity hash: links live in a set

@@ -34,18 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.kit.ports import free_port
+
 SERVER_BIN_DIRS = ("/usr/lib/rabbitmq/bin", "/usr/lib/rabbitmq/sbin")
 # The memory high watermark the node starts with, restored when an alarm is cleared.
 MEMORY_WATERMARK = 0.4
 # A watermark so low that any node is above it: the memory alarm goes off at once.
 ALARM_WATERMARK = 0.0000001
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tool(name: str) -> str:
@@ -83,25 +78,31 @@ class RabbitNode:
         self.port = free_port()
         self.dist_port = free_port()
         self.stream_port = free_port()
+        self._stream_advertised_port = stream_advertised_port
         self.root = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.log_path = self.root / "stdout.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._user = self._rabbitmq_user()
+        for sub in ("mnesia", "log"):
+            (self.root / sub).mkdir()
+        self._write_config()
+
+    def _write_config(self) -> None:
+        """The node's rabbitmq.conf and enabled_plugins (owned by the node's user)."""
         config = (
             f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
             f"vm_memory_high_watermark.relative = {MEMORY_WATERMARK}\n"
             "loopback_users.guest = true\n"
         )
         plugins = "[]"
-        if stream_advertised_port is not None:
+        if self._stream_advertised_port is not None:
             config += (f"stream.listeners.tcp.1 = 127.0.0.1:{self.stream_port}\n"
                        "stream.advertised_host = 127.0.0.1\n"
-                       f"stream.advertised_port = {stream_advertised_port}\n")
+                       f"stream.advertised_port = {self._stream_advertised_port}\n")
             plugins = "[rabbitmq_stream]"
         (self.root / "rabbitmq.conf").write_text(config)
         (self.root / "enabled_plugins").write_text(f"{plugins}.\n")
-        for sub in ("mnesia", "log"):
-            (self.root / sub).mkdir()
+        (self.root / "rabbitmq-env.conf").touch()
         if self._user is not None:
             for path in (self.root, *self.root.rglob("*")):
                 shutil.chown(path, self._user.pw_name, self._user.pw_gid)
@@ -158,10 +159,27 @@ class RabbitNode:
         return out.stdout
 
     def start(self, timeout_s: float = 120.0) -> RabbitNode:
-        """Start the node and wait until its AMQP listener accepts connections."""
-        (self.root / "rabbitmq-env.conf").touch()
-        if self._user is not None:
-            shutil.chown(self.root / "rabbitmq-env.conf", self._user.pw_name, self._user.pw_gid)
+        """Start the node and wait until it has booted and its AMQP listener accepts
+        connections. A boot that fails because a port was taken meanwhile (`eaddrinuse`: the
+        ports were free when picked) is tried once more on new ports."""
+        try:
+            return self._start(timeout_s)
+        except RabbitNodeError:
+            if "eaddrinuse" not in self.log_tail(1_000_000).lower():
+                self.destroy()  # a node that failed to start leaves nothing behind
+                raise
+        self._kill_session()
+        shutil.rmtree(self.root / "mnesia", ignore_errors=True)
+        (self.root / "mnesia").mkdir()
+        self.port, self.dist_port = free_port(), free_port()
+        self._write_config()
+        try:
+            return self._start(timeout_s)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _start(self, timeout_s: float) -> RabbitNode:
         log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
             [*self._as_user(), _tool("rabbitmq-server")], env=self._env(), stdout=log,
@@ -169,13 +187,34 @@ class RabbitNode:
         )
         log.close()
         try:
-            # The listener opens once the application booted; await_startup then confirms it.
-            self._wait_listener(True, timeout_s)
-            self.ctl("await_startup", "--timeout", str(int(timeout_s)), timeout_s=timeout_s + 10)
+            self._await_boot(timeout_s)
+            self._wait_listener(True, 10)  # booted, so its listener is open: confirm it
+        except RabbitNodeError as e:
+            raise RabbitNodeError(f"{e}\n{self.nodename} log: {self.log_tail()}") from None
         except BaseException:
-            self.destroy()  # a node that failed to start leaves nothing behind
+            self.destroy()
             raise
         return self
+
+    def _await_boot(self, timeout_s: float) -> None:
+        """Return once the node's application has booted (`rabbitmqctl await_startup`, asked
+        again while the VM has not registered its name yet); raise when the VM exits or the
+        boot fails. Something else listening on the node's port proves nothing, so the port is
+        not what is waited for."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RabbitNodeError(f"{self.nodename} exited with {self._proc.returncode} "
+                                      "while booting")
+            left = deadline - time.monotonic()
+            try:
+                self.ctl("await_startup", "--timeout", str(max(1, int(left))),
+                         timeout_s=max(1.0, left) + 10)
+                return
+            except RabbitNodeError as e:
+                if "not running at all" not in str(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def _wait_listener(self, up: bool, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -228,6 +267,16 @@ class RabbitNode:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=30)
 
+    def _kill_session(self) -> None:
+        """kill -9 what the node's start began (the wrapper script and the VM; not epmd, which
+        detaches and serves the shared broker too), also when the VM never wrote its pid file."""
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=30)
+
     def stop(self) -> None:
         """Stop the node (cleanly; a hard kill when that fails)."""
         if self._proc is None or self._proc.poll() is not None:
@@ -244,8 +293,7 @@ class RabbitNode:
             self.stop()
         finally:
             if self._proc is not None and self._proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)
+                self._kill_session()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def log_tail(self, chars: int = 2000) -> str:

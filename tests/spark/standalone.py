@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ from pathlib import Path
 
 import pyspark
 
+from tests.kit.ports import free_port
+
 SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cluster_env() -> dict[str, str]:

@@ -1,0 +1,28 @@
+"""The tests' free ports: outside the kernel's ephemeral range, never handed out twice."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.kit import ports
+
+
+def test_free_port__below_the_ephemeral_range_free_and_never_repeated() -> None:
+    handed = [ports.free_port() for _ in range(200)]
+    assert len(set(handed)) == len(handed)
+    assert all(ports.LOWEST <= port < ports._highest() + 1 for port in handed)
+    for port in handed[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # still free: nothing was left bound
+
+
+def test_free_port__skips_a_port_something_listens_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", ports.free_port()))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        picks = iter([taken, taken, taken + 1])
+        monkeypatch.setattr(ports.random, "randint", lambda low, high: next(picks))
+        assert ports.free_port() == taken + 1
