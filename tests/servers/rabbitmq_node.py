@@ -212,7 +212,9 @@ class RabbitNode:
                          timeout_s=max(1.0, left) + 10)
                 return
             except RabbitNodeError as e:
-                if "not running at all" not in str(e) or time.monotonic() > deadline:
+                not_up_yet = ("not running at all" in str(e)  # its name not registered yet
+                              or "unable to connect to epmd" in str(e))  # epmd not started yet
+                if not not_up_yet or time.monotonic() > deadline:
                     raise
             time.sleep(0.5)
 
