@@ -161,19 +161,20 @@ class RabbitNode:
     def start(self, timeout_s: float = 120.0) -> RabbitNode:
         """Start the node and wait until it has booted and its AMQP listener accepts
         connections. A boot that fails because a port was taken meanwhile (`eaddrinuse`: the
-        ports were free when picked) is tried once more on new ports."""
+        ports were free when picked) is tried once more on a new AMQP and distribution port
+        (the stream port stays: a proxy may already forward to it). A node that failed to start
+        leaves nothing behind."""
         try:
-            return self._start(timeout_s)
-        except RabbitNodeError:
-            if "eaddrinuse" not in self.log_tail(1_000_000).lower():
-                self.destroy()  # a node that failed to start leaves nothing behind
-                raise
-        self._kill_session()
-        shutil.rmtree(self.root / "mnesia", ignore_errors=True)
-        (self.root / "mnesia").mkdir()
-        self.port, self.dist_port = free_port(), free_port()
-        self._write_config()
-        try:
+            try:
+                return self._start(timeout_s)
+            except RabbitNodeError:
+                if "eaddrinuse" not in self.log_tail(1_000_000).lower():
+                    raise
+            self.kill()
+            shutil.rmtree(self.root / "mnesia", ignore_errors=True)
+            (self.root / "mnesia").mkdir()
+            self.port, self.dist_port = free_port(), free_port()
+            self._write_config()
             return self._start(timeout_s)
         except BaseException:
             self.destroy()
@@ -191,9 +192,6 @@ class RabbitNode:
             self._wait_listener(True, 10)  # booted, so its listener is open: confirm it
         except RabbitNodeError as e:
             raise RabbitNodeError(f"{e}\n{self.nodename} log: {self.log_tail()}") from None
-        except BaseException:
-            self.destroy()
-            raise
         return self
 
     def _await_boot(self, timeout_s: float) -> None:
@@ -257,21 +255,10 @@ class RabbitNode:
         status = json.loads(self.ctl("cluster_status", "--formatter", "json"))
         return sorted(status["running_nodes"])
 
-    def os_pid(self) -> int:
-        """OS process id of the node's Erlang VM (for a hard kill)."""
-        return int((self.root / "node.pid").read_text().strip())
-
     def kill(self) -> None:
-        """kill -9 the node's VM: a hard crash, no connection is closed cleanly."""
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
-            os.kill(self.os_pid(), signal.SIGKILL)
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=30)
-
-    def _kill_session(self) -> None:
         """kill -9 what the node's start began (the wrapper script and the VM; not epmd, which
-        detaches and serves the shared broker too), also when the VM never wrote its pid file."""
+        detaches and serves the shared broker too): a hard crash, no connection is closed
+        cleanly."""
         if self._proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -295,7 +282,7 @@ class RabbitNode:
             self.stop()
         finally:
             if self._proc is not None and self._proc.poll() is None:
-                self._kill_session()
+                self.kill()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def log_tail(self, chars: int = 2000) -> str:
