@@ -30,6 +30,7 @@ SELECT a.pid, a.usename, a.state,
        EXTRACT(EPOCH FROM now() - COALESCE(a.xact_start, a.backend_start))::float8 AS age_s
 FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.granted AND l.relation = {table_oid} AND a.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 GROUP BY a.pid, a.usename, a.state, a.xact_start, a.backend_start
 ORDER BY age_s DESC
 LIMIT 5
@@ -170,10 +171,13 @@ SELECT pg_advisory_lock({wakeup_lock_class} + 1, {table_literal}::regclass::oid:
 
 -- name: wakeup_sleepers
 -- Relays asleep on this table right now (holding the wake-up lock), for tests and operators.
+-- Locks are server-wide and a database cloned from another has the same table oids: only this
+-- database's count.
 SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
   AND objid = {table_literal}::regclass::oid AND objsubid = 2
   AND mode = 'ExclusiveLock' AND granted
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 
 -- ============================================================ relay loop
 

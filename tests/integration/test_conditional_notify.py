@@ -113,6 +113,7 @@ STRADDLE = """
 SELECT bool_or(pid = pg_backend_pid() AND mode = 'ShareLock') AS skipped,
        bool_or(mode = 'ExclusiveLock' AND NOT granted) AS relay_waiting
 FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::oid AND objsubid = 2
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
 

@@ -106,7 +106,8 @@ async def test_status_page__says_why_when_the_database_cannot_be_read(
     await wait_until(up, timeout_s=60, what="status page")
     async with pg_session(env.pg_dsn) as conn:
         await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                           "WHERE application_name LIKE 'outbox-relay status %'")
+                           "WHERE application_name LIKE 'outbox-relay status %' "
+                           "AND datname = current_database()")
         await conn.execute("ALTER TABLE queue_message_dead RENAME TO queue_message_dead_x")
 
         async def explains() -> bool:

@@ -141,7 +141,8 @@ async def test_streams__replay_moves_an_id_once_and_never_over_a_row_still_waiti
 
 SLEEPERS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND mode = 'ExclusiveLock' AND objid = 'queue_message_stream'::regclass::oid "
-            "AND objsubid = 2")
+            "AND objsubid = 2 "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
 
 
 async def test_streams__an_idle_relay_is_woken_by_a_notify_and_producers_send_none_else(
@@ -384,6 +385,7 @@ KILL_STREAM_CONNECTIONS = (
     "[exit(P, kill) || P <- Ps], length(Ps).")
 
 
+@pytest.mark.alone  # it ends every stream connection of the broker, other tests' too
 async def test_streams__connections_ended_by_the_broker_come_back_and_rows_go_once(
     env: Env, stream: str, start_relay
 ) -> None:

@@ -118,7 +118,7 @@ async def test_gate_sessions_ended_at_random_moments__no_error_escapes_and_the_g
                 await asyncio.sleep(rng.uniform(0, 0.05))
                 await admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE application_name = 'gate'")
+                    "WHERE application_name = 'gate' AND datname = current_database()")
                 for task in running:
                     assert not task.done(), f"seed {seed}: {task.exception()!r}"
         stop.set()

@@ -22,6 +22,7 @@ SELECT split_part(a.application_name, ' ', 4)::int AS relay_pid
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = {WAKEUP_LOCK_CLASS + 1}::oid
   AND l.objid = 'queue_message'::regclass::oid AND l.objsubid = 2 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
 
