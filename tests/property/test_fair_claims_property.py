@@ -28,6 +28,10 @@ BATCH = 20
 KEYS_PER_BATCH = 16
 # The fair round: LEAST(32, room / 2) transactions, each at least one row.
 FAIR_XACTS = min(32, BATCH // 2)
+# The keyed claim walks at most this many due keyed rows for their keys' heads; when that many
+# are due it walks the keys themselves from a random point of the hash order (docs/ordering.md),
+# so which key goes first is chance there and a key's wait has no fixed bound in claims.
+KEYED_ROW_BUDGET = 4 * (BATCH + KEYS_PER_BATCH)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class Row:
     seq: int
     xact: int
     key: str | None
-    due: bool
+    due: bool  # claimable: its time has come, and (keyed) no row of its key ahead is not due
+    due_by_time: bool
 
 
 async def _load(conn: asyncpg.Connection, mix: list[Txn]) -> dict[int, Row]:
@@ -67,7 +72,8 @@ async def _load(conn: asyncpg.Connection, mix: list[Txn]) -> dict[int, Row]:
     records = await conn.fetch(
         "SELECT seq, xact::text::bigint AS xact, ordering_key, available_at <= now() AS due "
         "FROM queue_message")
-    rows = {r["seq"]: Row(r["seq"], r["xact"], r["ordering_key"], r["due"]) for r in records}
+    rows = {r["seq"]: Row(r["seq"], r["xact"], r["ordering_key"], r["due"], r["due"])
+            for r in records}
     # A keyed row behind a row of its key that is not due waits with it (docs/ordering.md).
     held: set[str] = set()
     for seq in sorted(rows):
@@ -151,6 +157,9 @@ def _check_no_starvation(rows: dict[int, Row], claimed_in: dict[int, int]) -> No
         bound = 2 * ceil((ahead + 1) / (BATCH // 2)) + 1
         assert claimed_in[seq] < bound, (
             f"unkeyed row {seq} with {ahead} ahead claimed in round {claimed_in[seq]}")
+    keyed_due_by_time = sum(1 for r in rows.values() if r.key is not None and r.due_by_time)
+    if keyed_due_by_time >= KEYED_ROW_BUDGET:
+        return  # the keys' walk from a random point: every row once, in order, checked above
     for ahead, seq in enumerate(keyed):
         bound = 2 * (ahead + 1) + 1
         assert claimed_in[seq] < bound, (
@@ -165,6 +174,16 @@ def test_fair_claims__every_due_row_once_in_key_order_none_starved_newest_served
     db: str, mix: list[Txn]
 ) -> None:
     asyncio.run(_run(db, mix))
+
+
+def test_fair_claims__keys_behind_a_held_run_longer_than_the_walk_go_once_in_order(
+    db: str,
+) -> None:
+    """Found by the property above: 144 due rows of a key held behind its delayed head fill the
+    walk of due rows, so the keys 'a' (1 row) and 'b' (60) are found by the keys' walk."""
+    asyncio.run(_run(db, [Txn(1, "c", True), Txn(1, None, False), Txn(1, None, False),
+                          Txn(1, None, False), Txn(69, "c", False), Txn(75, "c", False),
+                          Txn(1, "a", False), Txn(60, "b", False)]))
 
 
 def test_fair_claims__a_one_row_transaction_after_two_bulks_goes_in_the_first_unkeyed_claim(
