@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from tests.kit.ports import free_port
@@ -65,7 +66,12 @@ def _owner_alive(root: Path) -> bool:
     try:
         pid = int((root / OWNER_FILE).read_text())
     except (OSError, ValueError):
-        return False  # made before owners were noted, or half made: stale
+        # Made before owners were noted, or half made: stale, unless it was made a moment ago
+        # (another worker of a parallel run between its mkdtemp and its owner file).
+        try:
+            return time.time() - root.stat().st_mtime < 60
+        except OSError:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

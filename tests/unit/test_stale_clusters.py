@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -33,12 +34,17 @@ def test_remove_stale__keeps_a_live_runs_cluster_and_removes_a_dead_runs() -> No
     live = _folder(prefix, owner_pid=os.getpid())
     dead = _folder(prefix, owner_pid=_dead_pid())
     unowned = _folder(prefix, owner_pid=None)
+    an_hour_ago = time.time() - 3600
+    os.utime(unowned, (an_hour_ago, an_hour_ago))
+    # Made a moment ago without its owner file yet: another worker's, between the two steps.
+    being_made = _folder(prefix, owner_pid=None)
     try:
         removed = remove_stale(prefix)
         assert sorted(removed) == sorted([dead, unowned])
         assert live.exists()
+        assert being_made.exists()
         assert not dead.exists()
         assert not unowned.exists()
     finally:
-        for root in (live, dead, unowned):
+        for root in (live, dead, unowned, being_made):
             shutil.rmtree(root, ignore_errors=True)
