@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from relay.settings import NotifyMode, Settings
 
+# Benchmarks load the whole machine and measure: nothing runs beside them (tests/run.py).
+pytestmark = pytest.mark.alone
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -6,11 +6,14 @@ taken from too. Between the moment such a port is handed out and the moment the 
 binds it (a RabbitMQ node boots for seconds), a client's connection elsewhere can take it, and
 the server then fails to start with `eaddrinuse` while a check that "something listens there"
 passes. So the ports handed out here are below that range, are checked free, and are never
-handed out twice in one test run.
+handed out twice in one test run. Where the suite runs on several workers (pytest-xdist,
+tests/run.py), each worker takes the ports of its own residue modulo their number, so two
+workers never hand out the same port.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -19,6 +22,15 @@ from pathlib import Path
 LOWEST = 10000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _handed_out: set[int] = set()
+
+
+def _share() -> tuple[int, int]:
+    """(this worker's number, how many workers): (0, 1) outside pytest-xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 0:
+        return int(worker[2:]) % int(count), int(count)
+    return 0, 1
 
 
 def _highest() -> int:
@@ -36,9 +48,11 @@ def free_port() -> int:
     if highest - LOWEST < 1000:
         raise RuntimeError(f"the ephemeral range ({EPHEMERAL_RANGE}) leaves no ports between "
                            f"{LOWEST} and it for test servers")
+    mine, workers = _share()
     for _ in range(1000):
         port = random.randint(LOWEST, highest)
-        if port in _handed_out:
+        port -= (port - mine) % workers
+        if port < LOWEST or port in _handed_out:
             continue
         with socket.socket() as s:
             try:

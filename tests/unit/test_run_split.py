@@ -1,0 +1,45 @@
+"""The suite's two parts (tests/run.py): together they hold every test once, and their exit
+statuses make one."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests import run
+
+
+@pytest.mark.parametrize(("statuses", "expected"), [
+    ([0, 0], 0),
+    ([0, 5], 0),
+    ([5, 0], 0),
+    ([5, 5], 5),
+    ([1, 0], 1),
+    ([0, 1], 1),
+    ([5, 2], 2),
+    ([1, 2], 1),
+])
+def test_outcome__passes_only_when_each_part_passed_or_was_empty(
+    statuses: list[int], expected: int
+) -> None:
+    assert run.outcome(statuses) == expected
+
+
+def _collected(*args: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:xdist", *args],
+                         cwd=run.REPO, capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {line for line in out.stdout.splitlines() if re.match(r"tests/\S+::", line)}
+
+
+def test_parts__hold_every_test_of_the_suite_once() -> None:
+    everything = _collected()
+    selections = [_collected("-m", marks) for _, marks, _ in run.parts([])]
+    assert len(everything) > 800, len(everything)
+    assert selections[0].isdisjoint(selections[1])
+    assert selections[0] | selections[1] == everything
+    assert all(selections), [len(s) for s in selections]
