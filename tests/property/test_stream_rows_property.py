@@ -71,6 +71,7 @@ async def _round_trip(dsn: str, name: str, contents: list[Any], servable: bool,
     """(created, ids written, messages read, rows left in the table) for one stream name."""
     producer = Producer(STREAM_HOST, STREAM_PORT, **CREDENTIALS)
     await producer.start()
+    created = False
     conn = await asyncpg.connect(dsn)
     try:
         try:
@@ -99,6 +100,13 @@ async def _round_trip(dsn: str, name: str, contents: list[Any], servable: bool,
         await conn.close()
         with contextlib.suppress(Exception):  # a refused name was never created
             await producer.delete_stream(name, missing_ok=True)
+        if created:
+            # The broker may still list a deleted stream for a moment; a later example drawing
+            # the same name must create a new one, not find this one with its messages.
+            deadline = time.monotonic() + 30
+            while await producer.stream_exists(name):
+                assert time.monotonic() < deadline, f"stream {name!r} still there 30 s after delete"
+                await asyncio.sleep(0.05)
         await producer.close()
 
 
