@@ -170,6 +170,14 @@ async def db(pg_admin_dsn: str, template_db: str, notify_mode: NotifyMode) -> As
 
 
 @pytest.fixture
+async def other_db(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A second migrated database of the test's, cloned from the same template as `db`: its
+    tables have the same oids (for what must not mix two databases' locks)."""
+    async for dsn in _scratch_database(pg_admin_dsn, template_db):
+        yield dsn
+
+
+@pytest.fixture
 async def broker_names(amqp_url: str) -> AsyncIterator[tuple[str, str]]:
     """A direct exchange and a durable queue bound to it with key 'rk', unique to this test."""
     prefix = f"relay-test-{RUN_ID}-{next(_counter)}"

@@ -1,5 +1,7 @@
 """The relay's advisory locks are keyed on the outbox table's oid, never on the spelling of
-RELAY_TABLE: `queue_message` and `public.queue_message` name one table and share its locks."""
+RELAY_TABLE: `queue_message` and `public.queue_message` name one table and share its locks; and
+what reads locks back sees only its own database's, although a database cloned from another
+has the same table oids."""
 
 from __future__ import annotations
 
@@ -75,3 +77,23 @@ async def test_single_active__relays_spelling_the_table_two_ways_elect_one_leade
     assert roles() == ["leader_elected", "standing_by"]
     assert bare.terminate() == 0
     assert qualified.terminate() == 0
+
+
+async def test_lock_readers__count_only_their_own_database_of_two_with_the_same_table_oid(
+    db: str, other_db: str
+) -> None:
+    holder, mine, other = [await asyncpg.connect(d) for d in (db, db, other_db)]
+    try:
+        oids = [await c.fetchval("SELECT 'queue_message'::regclass::oid") for c in (mine, other)]
+        assert oids[0] == oids[1]  # what made the two databases' locks mix
+        assert (await holder.fetchrow(BARE["wakeup_try_sleep"]))["locked"] is True
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE queue_message IN ACCESS SHARE MODE")
+            assert await mine.fetchval(BARE["wakeup_sleepers"]) == 1
+            assert [r["pid"] for r in await mine.fetch(BARE["outbox_lock_holders"])] == [
+                holder.get_server_pid()]
+            assert await other.fetchval(BARE["wakeup_sleepers"]) == 0
+            assert await other.fetch(BARE["outbox_lock_holders"]) == []
+    finally:
+        for conn in (holder, mine, other):
+            await conn.close()
