@@ -1,11 +1,10 @@
-"""End-to-end latency at a fixed commit rate: producer commit -> consumer receipt, `relay run`.
+"""Commit -> consumer latency, alone at a fixed commit rate and beside a bulk job (fairness).
 
-Three kinds of process, as a user runs them: producers (`ProducerProcess` below: N connections,
-one 1-row transaction per commit, Poisson arrivals), the relay, and this process as the consumer.
-The producer notes when each commit returned and the consumer when each message_id arrived,
-both on CLOCK_MONOTONIC (one clock for every process of the machine). The first second is a
-warm-up (prepared statements, connection start) and is left out of the percentiles.
-"""
+Producers run in a process of their own (this module's main: N connections, one 1-row
+transaction per commit, open-loop Poisson arrivals) and note when each commit returned; this
+process consumes and notes when each message arrived, both on CLOCK_MONOTONIC. Right before
+each run, the machine's own floor: a commit on the run's server, a persistent publish's
+confirm, how late a 1 ms timer wakes (docs/speed.md)."""
 
 from __future__ import annotations
 
@@ -14,10 +13,9 @@ import asyncio
 import json
 import random
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,40 +29,30 @@ from bench.common import (
     BenchEnv,
     Receipts,
     Relay,
-    checkpoint,
+    insert_backlog,
     load_before,
     percentile,
+    sql,
     tail_ms,
+    wait_drained,
 )
 
-WARMUP_S = 1.0
+WARMUP_S = 1.0  # left out of the percentiles: connections and prepared statements start
+LIVE_KEY, LIVE_RATE = "live", 200  # the live rows beside a bulk job: their key, commits/s
 
 
-async def latency_once(
-    env: BenchEnv,
-    rate_per_s: int,
-    duration_s: float,
-    *,
-    connections: int = 4,
-    log_dir: Path | None = None,
-    **relay_overrides: Any,
-) -> dict[str, Any]:
-    """Producers at `rate_per_s` commits/s for `duration_s`; p50/p95/p99 in milliseconds.
-
-    A CHECKPOINT first: the gigabytes an earlier scenario wrote (a 1,000,000-row backlog) are
-    flushed before this run, not by a checkpoint in the middle of it (on the private cluster
-    the 3,000 commits/s p99 was 29-55 ms right after the drains, 6 ms on a server at rest)."""
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    await checkpoint(env)
-    load = load_before()
-    before = await measure_floor(dsn=env.dsn)
-    relay = Relay(env.relay_env(**relay_overrides), log_dir / "relay.log")
+async def latency_once(env: BenchEnv, rate: int, seconds: float, *, connections: int = 4,
+                       log_dir: Path) -> dict[str, Any]:
+    """Producers at `rate` commits/s for `seconds` through one relay; the tail in ms. A
+    CHECKPOINT first, so an earlier scenario's writes are not flushed in the middle of it."""
+    await sql(env.dsn, "CHECKPOINT")
+    load, floor = load_before(), await measure_floor(env.dsn)
+    relay = Relay(env.relay_env(), log_dir / "relay.log")
     received = Receipts()
-    producer = ProducerProcess(env, rate_per_s, duration_s, log_dir / "ids.txt",
-                               connections=connections)
+    producer = Producers(env, rate, seconds, log_dir / "ids.txt", connections=connections)
     amqp = await aio_pika.connect(AMQP_URL)
     try:
-        await received.consume(amqp, env.queue, prefetch=5000)
+        await received.consume(amqp, env.queue)
         await relay.wait_started()
         await producer.start()
         committed = await producer.committed()
@@ -74,196 +62,170 @@ async def latency_once(
         await amqp.close()
     start = min(committed.values())
     lat_ms = [(received[k] - t) * 1000 for k, t in committed.items() if t - start >= WARMUP_S]
-    # Each row's commit time and latency, for reading where a tail comes from (log_dir).
-    (log_dir / "latencies.txt").write_text("".join(
-        f"{t - start:.6f} {(received[k] - t) * 1000:.3f}\n" for k, t in committed.items()))
-    assert producer.report is not None
-    return {
-        "rate_per_s": rate_per_s,
-        "connections": connections,
-        "achieved_per_s": producer.report["achieved_per_s"],
-        "messages": len(lat_ms),
-        **tail_ms(lat_ms),
-        "load_before": load,
-        "floor": before,
-    }
+    return {"rate_per_s": rate, "connections": connections,
+            "achieved_per_s": producer.achieved, "messages": len(lat_ms), **tail_ms(lat_ms),
+            "load_before": load, "floor": floor}
 
 
-# The machine's own latency floor, measured right before each latency run: what no relay can
-# go under on this machine at that moment. Three probes, one after another, each `samples`
-# times in sequence: `timer_late`, how late `asyncio.sleep(1 ms)` wakes (the VM's and the
-# kernel's wake-up delay); `pg_commit`, one autocommitted `SELECT txid_current()` (a commit
-# record flushed to disk) on the run's server, round trip included; `amqp_confirm`, one
-# persistent message to a durable classic queue on a confirm channel and its confirm awaited.
-# The commit-to-consumer path holds at least one commit and one publish, so a run whose floor
-# moved says so beside its latency.
+async def bind_live_queue(env: BenchEnv) -> str:
+    """The queue of the live rows' routing key, bound to the scenario's exchange."""
+    async with common.channel() as ch:
+        queue = await ch.declare_queue(env.queue + "-live", durable=True)
+        await queue.bind(env.exchange, LIVE_KEY)
+    return env.queue + "-live"
 
 
-def _summary(values_s: list[float]) -> dict[str, float]:
-    ms = [v * 1000 for v in values_s]
-    return {"p50_ms": round(percentile(ms, 50), 3), "p99_ms": round(percentile(ms, 99), 3)}
+async def fairness_once(env: BenchEnv, live_queue: str, rows: int, *, relays: int,
+                        log_dir: Path) -> dict[str, Any]:
+    """A bulk of `rows` in one transaction drains alone, then again while an application
+    commits one row per transaction at LIVE_RATE from its commit on (consumed here): the live
+    rows' latency while the bulk drained, and the bulk's rate beside them over alone."""
+    procs = [Relay(env.relay_env(), log_dir / f"relay-{i}.log") for i in range(relays)]
+    received = Receipts()
+    amqp = await aio_pika.connect(AMQP_URL)
+    conn = await asyncpg.connect(env.dsn)
+
+    async def bulk(then: Callable[[], Awaitable[None]] | None = None) -> tuple[float, float]:
+        await sql(env.dsn, "CHECKPOINT")
+        committed = await insert_backlog(conn, env, rows)
+        if then is not None:
+            await then()
+        drained = await wait_drained(conn, env, rows, 600)
+        await env.purge()
+        return committed, drained
+
+    try:
+        for proc in procs:
+            await proc.wait_started()
+        await received.consume(amqp, live_queue)
+        load_alone = load_before()
+        start, end = await bulk()
+        alone_s = end - start
+        live = Producers(env, LIVE_RATE, alone_s * 1.5 + 2, log_dir / "live-ids.txt",
+                         connections=1, routing_key=LIVE_KEY)
+        load_beside = load_before()
+        start, end = await bulk(live.start)
+        committed = await live.committed()
+        await received.wait_for(committed)
+    finally:
+        for proc in procs:
+            proc.stop()
+        await amqp.close()
+        await conn.close()
+    during = [(received[k] - t) * 1000 for k, t in committed.items() if t <= end]
+    return {"bulk_rows": rows, "relays": relays, "live_rate_per_s": LIVE_RATE,
+            "alone_msg_per_s": round(rows / alone_s, 1),
+            "beside_live_msg_per_s": round(rows / (end - start), 1),
+            "drain_ratio": round(alone_s / (end - start), 3),
+            "live_rows_during_drain": len(during), **tail_ms(during, "live_"),
+            "load_before_alone": load_alone, "load_before_beside": load_beside}
 
 
-async def _timer(samples: int) -> list[float]:
-    late = []
-    for _ in range(samples):
+async def _timed(samples: int, once: Callable[[int], Awaitable[Any]]) -> dict[str, float]:
+    took = []
+    for i in range(samples):
         started = time.perf_counter()
-        await asyncio.sleep(0.001)
-        late.append(time.perf_counter() - started - 0.001)
-    return late
+        await once(i)
+        took.append((time.perf_counter() - started) * 1000)
+    return {"p50_ms": round(percentile(took, 50), 3), "p99_ms": round(percentile(took, 99), 3)}
 
 
-async def _pg_commit(samples: int, dsn: str) -> list[float]:
+async def measure_floor(dsn: str, samples: int = 200) -> dict[str, Any]:
+    """The machine's floor now, p50 and p99 (ms) of three probes one after another."""
+    out = {"timer_late": await _timed(samples, lambda _: asyncio.sleep(0.001))}
+    out["timer_late"] = {k: round(v - 1, 3) for k, v in out["timer_late"].items()}
     conn = await asyncpg.connect(dsn)
     try:
-        took = []
-        for _ in range(samples):
-            started = time.perf_counter()
-            await conn.fetchval("SELECT txid_current()")
-            took.append(time.perf_counter() - started)
-        return took
+        out["pg_commit"] = await _timed(samples, lambda _: conn.fetchval("SELECT txid_current()"))
     finally:
         await conn.close()
-
-
-async def _amqp_confirm(samples: int) -> list[float]:
-    conn = await aio_pika.connect(AMQP_URL)
     name = f"bench-floor-{uuid.uuid4().hex[:8]}"
+    amqp = await aio_pika.connect(AMQP_URL)
     try:
-        channel = await conn.channel(publisher_confirms=True)
-        queue = await channel.declare_queue(name, durable=True)
-        took = []
-        for i in range(samples):
-            message = aio_pika.Message(b'{"floor": %d}' % i,
-                                       delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-            started = time.perf_counter()
-            await channel.default_exchange.publish(message, routing_key=name)
-            took.append(time.perf_counter() - started)
+        ch = await amqp.channel(publisher_confirms=True)
+        queue = await ch.declare_queue(name, durable=True)
+        out["amqp_confirm"] = await _timed(samples, lambda i: ch.default_exchange.publish(
+            aio_pika.Message(b'{"floor": %d}' % i, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+            routing_key=name))
         await queue.delete(if_unused=False, if_empty=False)
-        return took
     finally:
-        await conn.close()
+        await amqp.close()
+    return out
 
 
-async def measure_floor(samples: int = 200, dsn: str | None = None) -> dict[str, Any]:
-    """The three probes' p50 and p99 (ms); `dsn`: the server a run uses."""
-    return {"timer_late": _summary(await _timer(samples)),
-            "pg_commit": _summary(await _pg_commit(samples, dsn or common.PG_ADMIN_DSN)),
-            "amqp_confirm": _summary(await _amqp_confirm(samples))}
+INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) "
+          "RETURNING id::text")
+BODY = ('{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
+        '"amount_cents": 45678, "currency": "EUR", "note": "' + "x" * 64 + '", '
+        '"created": "2026-01-01T00:00:00Z"}')
 
 
-def brief_floor(floor: dict[str, Any] | None) -> str:
-    """`commit/confirm/timer p50 ms` for a table cell."""
-    if not floor:
-        return "-"
-    return (f"{floor['pg_commit']['p50_ms']:.2f} / {floor['amqp_confirm']['p50_ms']:.2f} / "
-            f"{floor['timer_late']['p50_ms']:.2f}")
+class Producers:
+    """This module's main in a process of its own: `rate` commits a second for `seconds` on
+    `connections`; each row's id and commit time go to `out`."""
 
-
-# ---------------------------------------------------------------------- the producers
-
-INSERT = (
-    "INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) "
-    "RETURNING id::text"
-)
-BODY = (
-    '{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
-    '"amount_cents": 45678, "currency": "EUR", "note": "' + "x" * 64 + '", '
-    '"created": "2026-01-01T00:00:00Z"}'
-)
-
-
-async def produce(dsn: str, exchange: str, rate: float, connections: int,
-                  seconds: float, *, routing_key: str = ROUTING_KEY,
-                  ) -> tuple[list[tuple[str, float]], float]:
-    """Commit at `rate` per second over `connections` for `seconds`; (id, commit time) pairs."""
-    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
-    out: list[tuple[str, float]] = []
-    per_conn = rate / connections
-    start = time.monotonic() + 0.05
-    end = start + seconds
-
-    async def one(conn: asyncpg.Connection, seed: int) -> None:
-        rnd = random.Random(seed)
-        due = start + rnd.expovariate(per_conn)
-        while due < end:
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            row_id = await conn.fetchval(INSERT, exchange, routing_key, BODY)
-            out.append((row_id, time.monotonic()))
-            due += rnd.expovariate(per_conn)
-
-    try:
-        await asyncio.gather(*(one(c, i) for i, c in enumerate(conns)))
-    finally:
-        for c in conns:
-            await c.close()
-    last = max((t for _, t in out), default=start + seconds)
-    return out, max(last - start, seconds)
-
-
-@dataclass
-class ProducerProcess:
-    """Producers in a process of their own (this module's main): `rate` commits a second for
-    `seconds` on `connections` to `env`'s exchange, each connection on an open-loop Poisson
-    schedule (a commit that falls behind is sent at once, never skipped); after each commit
-    returns, the row's id and commit time (CLOCK_MONOTONIC) go to `out`, one `id time` line
-    per row, and a JSON line with the achieved rate to stdout."""
-
-    env: BenchEnv
-    rate: int
-    seconds: float
-    out: Path
-    connections: int = 1
-    routing_key: str = ROUTING_KEY
-    proc: asyncio.subprocess.Process | None = None
-    report: dict[str, Any] | None = None  # its JSON line: commits, achieved_per_s
+    def __init__(self, env: BenchEnv, rate: int, seconds: float, out: Path, *,
+                 connections: int, routing_key: str = ROUTING_KEY) -> None:
+        self.args = ["--dsn", env.dsn, "--exchange", env.exchange, "--rate", str(rate),
+                     "--connections", str(connections), "--seconds", str(seconds),
+                     "--routing-key", routing_key, "--out", str(out)]
+        self.out, self.achieved = out, 0.0
+        self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         """Start producing."""
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.latency", "--dsn", self.env.dsn,
-            "--exchange", self.env.exchange, "--rate", str(self.rate),
-            "--connections", str(self.connections), "--seconds", str(self.seconds),
-            "--routing-key", self.routing_key, "--out", str(self.out),
+            sys.executable, "-m", "bench.latency", *self.args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
     async def committed(self) -> dict[str, float]:
-        """Wait for the producer to end; each row's commit time (CLOCK_MONOTONIC), by id."""
+        """Wait for the producers to end; each row's commit time, by id."""
         assert self.proc is not None
         stdout, stderr = await self.proc.communicate()
         if self.proc.returncode != 0:
             raise RuntimeError(f"producer failed: {stderr.decode()[-2000:]}")
-        self.report = json.loads(stdout.decode().strip().splitlines()[-1])
+        self.achieved = json.loads(stdout.decode().strip().splitlines()[-1])["achieved_per_s"]
         pairs = (line.split() for line in self.out.read_text().splitlines())
         return {row_id: float(t) for row_id, t in pairs}
 
 
-def producer_main(argv: list[str] | None = None) -> int:
-    """The producer process: parse flags, produce, write the ids and times."""
-    parser = argparse.ArgumentParser(prog="python -m bench.latency",
-                                     description=ProducerProcess.__doc__)
-    parser.add_argument("--dsn", required=True)
-    parser.add_argument("--exchange", required=True)
-    parser.add_argument("--rate", type=float, required=True, help="commits per second")
-    parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--routing-key", default=ROUTING_KEY)
-    args = parser.parse_args(argv)
-    try:
-        import uvloop
+async def produce(args: argparse.Namespace) -> tuple[list[tuple[str, float]], float]:
+    """Commit on each connection on a Poisson schedule (a commit behind is sent at once)."""
+    conns = [await asyncpg.connect(args.dsn) for _ in range(args.connections)]
+    out: list[tuple[str, float]] = []
+    start = time.monotonic() + 0.05
+    end = start + args.seconds
 
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    rows, elapsed = runner(produce(args.dsn, args.exchange, args.rate, args.connections,
-                                   args.seconds, routing_key=args.routing_key))
-    args.out.write_text("".join(f"{i} {t!r}\n" for i, t in rows))
+    async def one(conn: asyncpg.Connection, rnd: random.Random) -> None:
+        due = start + rnd.expovariate(args.rate / args.connections)
+        while due < end:
+            await asyncio.sleep(max(due - time.monotonic(), 0))
+            row_id = await conn.fetchval(INSERT, args.exchange, args.routing_key, BODY)
+            out.append((row_id, time.monotonic()))
+            due += rnd.expovariate(args.rate / args.connections)
+
+    try:
+        await asyncio.gather(*(one(c, random.Random(i)) for i, c in enumerate(conns)))
+    finally:
+        for c in conns:
+            await c.close()
+    return out, max(max((t for _, t in out), default=end) - start, args.seconds)
+
+
+def main() -> int:
+    """The producer process."""
+    parser = argparse.ArgumentParser(prog="python -m bench.latency", description=Producers.__doc__)
+    for flag in ("--dsn", "--exchange", "--out", "--routing-key"):
+        parser.add_argument(flag, required=True)
+    for flag in ("--rate", "--seconds"):
+        parser.add_argument(flag, type=float, required=True)
+    parser.add_argument("--connections", type=int, required=True)
+    args = parser.parse_args()
+    rows, elapsed = common.run(lambda: produce(args))
+    Path(args.out).write_text("".join(f"{i} {t!r}\n" for i, t in rows))
     print(json.dumps({"commits": len(rows), "achieved_per_s": round(len(rows) / elapsed, 1)}))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(producer_main())
+    sys.exit(main())

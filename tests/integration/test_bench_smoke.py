@@ -36,9 +36,8 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
                                         "producers", "fairness"}
     assert all(len(e["load_before"]) == 3 for e in report["scenarios"].values())
     summary = report["summary"]
-    assert {"classic_relay", "aio_pika_pipelined", "bulk_frames", "pg_claim_delete"} <= set(
-        summary["limits"]
-    )
+    assert summary["limits"]["bulk_frames"]["median"] > 0
+    assert summary["ratios"]["relay_1p_vs_bulk_frame_limit"] > 0
     assert {(d["processes"], d["publisher"]) for d in summary["drain"]} == {
         (1, "bulk"), (2, "bulk"), (1, "simple")
     }
@@ -65,58 +64,7 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
                     "## Live rows beside a bulk job"):
         assert section in markdown
     assert f"notify mode: **{default.value}**" in markdown
+    # The relays' and producers' logs stay beside the report, not in the machine's /tmp.
+    assert {p.name.split("-")[0] for p in (tmp_path / "logs").iterdir()} >= {
+        "drain", "latency", "producers", "fairness"}
 
-
-def test_bench_prune__both_archives_pruned_to_the_same_rows_and_reported(tmp_path: Path) -> None:
-    out = tmp_path / "prune.md"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--scenario", "prune", "--", "--rows", "3000",
-         "--quiet-below", "100", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    text = out.read_text()
-    rows = [line.split("|")[1:-1] for line in text.splitlines()
-            if line.startswith(("| not partitioned", "| partitioned by day"))]
-    assert [r[0].strip() for r in rows] == ["not partitioned", "partitioned by day"]
-    left = {r[0].strip(): int(r[3].replace(",", "")) for r in rows}
-    # Rows of the last 7 days stay; the partitioned archive also keeps its partly old day.
-    assert 0 < left["not partitioned"] <= left["partitioned by day"] < 3000
-    assert "load average before the run" in text
-    assert "dropped 7 archive partition(s)" in text
-
-
-def test_bench_inbox__both_consumers_take_every_message_and_the_ratio_is_reported(
-    tmp_path: Path
-) -> None:
-    out = tmp_path / "inbox.md"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--scenario", "inbox", "--", "--messages", "500",
-         "--runs", "1", "--quiet-below", "100", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    text = out.read_text()
-    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| 1 |")]
-    assert [r[1].strip() for r in rows] == ["plain", "inbox"]
-    assert all(r[2].strip() == "500" for r in rows)
-    assert "inbox over plain, run by run:" in text
-    assert "load average before the run" in text
-
-
-def test_bench_streams__both_destinations_drained_and_the_ratio_is_reported(
-    tmp_path: Path
-) -> None:
-    out = tmp_path / "streams.md"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--scenario", "streams", "--", "--rows", "2000",
-         "--runs", "1", "--latency-rows", "20", "--quiet-below", "100", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    text = out.read_text()
-    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| 1 |")]
-    assert [r[1].strip() for r in rows] == ["classic", "stream", "notify", "poll"]
-    assert all(r[2].strip() == "2,000" for r in rows[:2])
-    assert all(r[2].strip() == "20" and float(r[3]) > 0 for r in rows[2:])
-    assert "stream over classic, run by run:" in text

@@ -3,73 +3,54 @@ every report names the command, the date, the machine and the load average (pure
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench import compare
-from bench.common import OneOff, one_off
+from bench.common import Provenance
 
 
-def _latency(key: str, group: str, rate: int, p50: float) -> dict[str, object]:
-    return {key: group, "rate": rate, "connections": 4, "run": 1, "p50_ms": p50,
+def _latency(build: str, rate: int, p50: float) -> dict[str, object]:
+    return {"build": build, "rate": rate, "connections": 4, "run": 1, "p50_ms": p50,
             "p95_ms": p50 * 2, "p99_ms": p50 * 3, "achieved_per_s": rate,
             "load_before": [0.5, 0.5, 0.5]}
 
 
-def _has_provenance(text: str, run: OneOff) -> None:
+def test_a_report_of_its_own__names_command_date_machine_and_load(tmp_path: Path) -> None:
+    run = Provenance(["--scenario", "compare", "--", "--label", "a cut"])
+    assert run.command == "python -m bench --scenario compare -- --label 'a cut'"
+    text = compare.report([_latency("before", 1000, 1.5), _latency("after", 1000, 1.2)], [],
+                          "a cut", run)
     assert f"- command: `{run.command}`" in text
     assert f"- date: {run.started}" in text
     assert "- machine: {" in text
     assert f"- load average before the run: {run.load}" in text
-
-
-def test_a_one_off_report__names_command_date_machine_and_load(tmp_path: Path) -> None:
-    run = OneOff("bench.example", "example")
-    text = compare.report([_latency("build", "before", 1000, 1.5),
-                           _latency("build", "after", 1000, 1.2)], "a cut", run)
-    _has_provenance(text, run)
     assert "| 1000 | after | 1.20 | 3.60 |" in text
     out = tmp_path / "sub" / "report.md"
-    run.write(out, text)
+    run.write("compare", out, text)
     assert out.read_text() == text
 
 
-def test_a_latency_report_shows_the_machines_floor_beside_each_run() -> None:
-    run = OneOff("bench.compare", "compare")
+def test_a_comparison__shows_the_machines_floor_beside_each_run_and_the_drains_ratio() -> None:
     measured = {"pg_commit": {"p50_ms": 0.13, "p99_ms": 3.0},
                 "amqp_confirm": {"p50_ms": 1.04, "p99_ms": 6.6},
                 "timer_late": {"p50_ms": 0.09, "p99_ms": 0.2}}
-    with_floor = {**_latency("build", "after", 1000, 4.0), "floor": measured}
-    text = compare.report([_latency("build", "before", 1000, 5.0), with_floor], "x", run)
-    assert "floor p50 ms: commit / confirm / timer" in text
+    with_floor = {**_latency("after", 1000, 4.0), "floor": measured}
+
+    def drain(build: str, run: int, rate: float) -> dict[str, object]:
+        return {"build": build, "run": run, "rows": 1000, "seconds": round(1000 / rate, 3),
+                "msg_per_s": rate, "load_before": [0.4, 0.3, 0.2]}
+
+    text = compare.report([_latency("before", 1000, 5.0), with_floor],
+                          [drain("before", 1, 100.0), drain("after", 1, 150.0),
+                           drain("before", 2, 200.0), drain("after", 2, 100.0),
+                           drain("before", 3, 100.0)], "x", Provenance([]))
     assert "| 0.13 / 1.04 / 0.09 |" in text
     assert text.count("| - |") == 1  # a run recorded without a floor says so
-
-
-def test_rates_read_as_rate_and_connections_pairs() -> None:
-    from bench.common import parse_rates
-
-    assert parse_rates("1000:4,3000:16") == [(1000, 4), (3000, 16)]
-    assert parse_rates("300:4") == [(300, 4)]
-
-
-def test_one_off__parses_the_shared_options_and_the_scripts_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(sys, "argv", ["x", "--rates", "1000:4,300:2", "--out", "r.md",
-                                      "--label", "a cut"])
-    args, run = one_off("bench.example", scenario="example", rates="1000:4", runs=3,
-                        options={"--label": {"required": True}})
-    assert args.rates == [(1000, 4), (300, 2)]
-    assert (args.runs, args.out, args.quiet_below, args.label) == (3, Path("r.md"), 1.0, "a cut")
-    assert not hasattr(args, "seconds")
-    assert run.command == ("python -m bench --scenario example -- --rates 1000:4,300:2 "
-                           "--out r.md --label 'a cut'")
-    monkeypatch.setattr(sys, "argv", ["x"])
-    args, _ = one_off("bench.example", scenario="example", quiet_below=1.5)
-    assert (args.out, args.quiet_below) == (None, 1.5)  # no --out: its block of RESULTS.md
+    assert "| 1 | before | 1,000 | 10.0 | 100 | 0.4 |" in text
+    # Run 3 has no "after": no ratio of it.
+    assert text.rstrip().endswith("after over before, run by run: 1.50, 0.50 (median 1.00).")
 
 
 def test_builds__each_relay_start_sees_its_build_and_the_setting_comes_back() -> None:
@@ -80,20 +61,13 @@ def test_builds__each_relay_start_sees_its_build_and_the_setting_comes_back() ->
     assert given == common.RELAY_SRC
 
 
-def test_records__keep_and_print_each_record(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.common import Records
-    records = Records()
-    records.add({"run": 1, "p50_ms": 1.5})
-    assert records == [{"run": 1, "p50_ms": 1.5}]
-    assert capsys.readouterr().out == '{"run": 1, "p50_ms": 1.5}\n'
-
-
 def test_flatten__joins_each_scenarios_runs_into_the_suites_raw_results() -> None:
     """A run of some scenarios replaces theirs and keeps the others (bench/__main__.py): the
     report is computed from every scenario's runs, in the suite's order."""
     from bench.__main__ import flatten
 
     scenarios = {
+        "streams": {"raw": {"drain": [{"kind": "a scenario no longer in the suite"}]}},
         "pinned": {"raw": {"drain": [{"kind": "pinned"}]}},
         "limits": {"raw": {"limits": {"bulk_frames": [1]}}},
         "drain": {"raw": {"drain": [{"kind": "scale"}]}},
@@ -103,30 +77,6 @@ def test_flatten__joins_each_scenarios_runs_into_the_suites_raw_results() -> Non
     assert [d["kind"] for d in raw["drain"]] == ["scale", "pinned"]
     assert raw["limits"] == {"bulk_frames": [1]}
     assert (raw["producers"], raw["triggers"], raw["latency"]) == ([{"p": 1}], [{"t": 1}], [])
-
-
-def test_a_scenario_of_the_bench_command__is_named_by_the_command_that_runs_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(sys, "argv", ["x", "--rows", "10"])
-    _, run = one_off("bench.once", scenario="streams", options={"--rows": {"type": int}})
-    assert run.command == "python -m bench --scenario streams -- --rows 10"
-
-
-def test_an_alternation__every_run_then_the_ratio_run_by_run_and_its_median() -> None:
-    from bench.common import alternation_table
-
-    def record(kind: str, run: int, rate: float) -> dict[str, object]:
-        return {"kind": kind, "run": run, "rows": 1000, "seconds": round(1000 / rate, 3),
-                "msg_per_s": rate, "load_before": [0.4, 0.3, 0.2]}
-
-    lines = alternation_table([record("a", 1, 100.0), record("b", 1, 150.0),
-                               record("a", 2, 200.0), record("b", 2, 100.0),
-                               record("a", 3, 100.0)], "kind", "rows", "a", "b")
-    assert lines[2] == "| 1 | a | 1,000 | 10.0 | 100 | 0.4 |"
-    assert len([line for line in lines if line.startswith("| ")]) == 6
-    # Run 3 has no b: no ratio of it.
-    assert lines[-1] == "b over a, run by run: 1.50, 0.50 (median 1.00)."
 
 
 def test_the_committed_results__are_what_the_report_code_writes_from_results_json() -> None:
@@ -139,7 +89,11 @@ def test_the_committed_results__are_what_the_report_code_writes_from_results_jso
     from bench.report import render_markdown, render_readme_block
 
     bench = Path(__file__).resolve().parents[2] / "bench"
+    from bench.__main__ import flatten
+    from bench.report import summarise
+
     report = json.loads((bench / "results.json").read_text())
+    assert summarise(flatten(report["scenarios"])) == report["summary"]
     results = (bench / "RESULTS.md").read_text()
     assert with_block(results, "suite", render_markdown(report)) == results
     assert render_readme_block(report) in (bench.parent / "README.md").read_text()
@@ -152,9 +106,8 @@ def test_the_one_results_file__holds_a_block_of_every_scenario_with_a_report() -
     from bench.common import RESULTS, block_markers
 
     text = RESULTS.read_text()
-    # compare records one experiment at a time (docs/speed.md names its runs' commits);
-    # trace-picture writes README's picture.
-    for name in ["suite", *(n for n in OWN_REPORTS if n not in ("compare", "trace-picture"))]:
+    # compare records one experiment at a time (docs/speed.md names its runs' commits).
+    for name in ["suite", *(n for n in OWN_REPORTS if n != "compare")]:
         start, end = block_markers(name)
         assert start in text, name
         assert end in text, name
