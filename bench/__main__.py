@@ -15,7 +15,6 @@ their own blocks of bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -40,7 +39,7 @@ from bench import common
 from bench.common import AMQP_URL, DEFAULT_MODE, TRACED_OPTIONS_SQL, BenchEnv, load_before
 from bench.drain import bulk_frame_limit, drain_once
 from bench.latency import bind_live_queue, fairness_once, latency_once
-from bench.producers import producer_rounds, trigger_costs
+from bench.producers import producer_rounds
 from bench.report import render_markdown, render_readme_block, summarise
 from relay.settings import NotifyMode
 from tests.servers.otlp_receiver import OtlpReceiver
@@ -60,7 +59,6 @@ class Plan:
     producer_rounds: int
     producer_s: float
     producer_backlog: int
-    trigger_rows: int
     bulk_msgs: int
     pinned_rows: int
     fairness_rows: int
@@ -71,49 +69,22 @@ class Plan:
 
 
 FULL = Plan(3, 100_000, 1_000_000, 20_000, (1, 2, 4), ((1000, 4), (3000, 16)), 10.0, 5, 4.0,
-            80_000, 100_000, 100_000, 500_000, 300_000, (1, 2), 2, 1.0, (NotifyMode.ALWAYS,))
-SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5, 1, 1.0, 10_000, 5_000, 2_000,
-             3_000, 20_000, (1,), 1, None, ())
+            80_000, 100_000, 500_000, 300_000, (1, 2), 2, 1.0, (NotifyMode.ALWAYS,))
+SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5, 1, 1.0, 10_000, 2_000, 3_000,
+             20_000, (1,), 1, None, ())
 Figure = dict[str, Any]
 
 
-async def servers_answer(timeout_s: float = 120.0) -> None:
-    """Until both servers accept connections (other work on this machine restarts them)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            await (await asyncpg.connect(common.PG_ADMIN_DSN, timeout=5)).close()
-            await (await aio_pika.connect(AMQP_URL, timeout=5)).close()
-            return
-        except (OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError, TimeoutError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(2)
-
-
-async def repeat(env: BenchEnv, plan: Plan, runs: int, label: str,
+async def repeat(plan: Plan, runs: int, label: str,
                  once: Callable[[], Awaitable[Figure]]) -> list[Figure]:
-    """`runs` runs of a scenario, each with the load average before it, printed as it comes.
-    A run that fails (a shared server restarted under it) is repeated, at most twice, once the
-    servers answer; the figure records `retried`."""
+    """`runs` runs of a scenario, each once the machine is quiet, with the load average before
+    it, printed as it comes."""
     out = []
     for i in range(runs):
-        for attempt in range(3):
-            await common.wait_quiet(plan.quiet_below)
-            load = load_before()
-            try:
-                result = await once()
-                break
-            except Exception as exc:
-                if attempt == 2:
-                    raise
-                print(f"{label} run {i + 1}/{runs} failed ({exc!r}); retrying", flush=True)
-                await servers_answer()
-                await env.reset()
-        result.setdefault("load_before", load)
-        result["retried"] = attempt
-        print(f"{label} run {i + 1}/{runs}: {json.dumps(result)}", flush=True)
-        out.append(result)
+        await common.wait_quiet(plan.quiet_below)
+        load = load_before()
+        out.append({"load_before": load} | await once())
+        print(f"{label} run {i + 1}/{runs}: {json.dumps(out[-1])}", flush=True)
     return out
 
 
@@ -124,14 +95,13 @@ async def scenario_env(tag: str, queues: tuple[str, ...] = ()) -> AsyncIterator[
     try:
         yield env
     finally:
-        await servers_answer()
         await common.drop_env(env, (env.queue + q for q in queues))
 
 
 async def drains(env: BenchEnv, plan: Plan, kind: str, rows: int, runs: int,
                  **options: Any) -> Figure:
     """`runs` drains of `rows` rows (options: drain_once's), labelled `kind`."""
-    figs = await repeat(env, plan, runs, f"drain {kind} {rows}",
+    figs = await repeat(plan, runs, f"drain {kind} {rows}",
                         lambda: drain_once(env, rows, **options))
     return {"kind": kind, "processes": options.get("processes", 1), "rows": rows,
             "publisher": options.get("publisher", "bulk"), "pinned": options.get("pinned", False),
@@ -141,7 +111,7 @@ async def drains(env: BenchEnv, plan: Plan, kind: str, rows: int, runs: int,
 async def limits(plan: Plan) -> Figure:
     async with scenario_env("limits") as env:
         return {"limits": {"bulk_frames": await repeat(
-            env, plan, plan.runs, "bulk-frames", lambda: bulk_frame_limit(env, plan.bulk_msgs))}}
+            plan, plan.runs, "bulk-frames", lambda: bulk_frame_limit(env, plan.bulk_msgs))}}
 
 
 async def drain(plan: Plan) -> Figure:
@@ -184,7 +154,7 @@ async def latency(plan: Plan) -> Figure:
         for mode in (DEFAULT_MODE, *plan.other_modes):
             await env.set_mode(mode)
             for rate, conns in plan.latency if mode is DEFAULT_MODE else plan.latency[:1]:
-                runs = await repeat(env, plan, plan.runs, f"latency {mode.value} {rate}/s",
+                runs = await repeat(plan, plan.runs, f"latency {mode.value} {rate}/s",
                                     lambda r=rate, c=conns: latency_once(  # type: ignore[misc]
                                         env, r, plan.latency_s, connections=c,
                                         log_dir=common.log_dir("latency")))
@@ -201,9 +171,7 @@ async def producers(plan: Plan) -> Figure:
                 env, situation=situation, modes=(NotifyMode.OFF, DEFAULT_MODE, *plan.other_modes),
                 rounds=plan.producer_rounds, seconds=plan.producer_s,
                 backlog_rows=plan.producer_backlog)
-    async with scenario_env("triggers") as env:
-        return {"producers": out,
-                "triggers": await trigger_costs(env, plan.trigger_rows, plan.runs)}
+    return {"producers": out}
 
 
 async def fairness(plan: Plan) -> Figure:
@@ -212,7 +180,7 @@ async def fairness(plan: Plan) -> Figure:
     async with scenario_env("fairness", ("-live",)) as env:
         live_queue = await bind_live_queue(env)
         for relays in plan.fairness_relays:
-            runs = await repeat(env, plan, plan.fairness_runs, f"fairness {relays} relay(s)",
+            runs = await repeat(plan, plan.fairness_runs, f"fairness {relays} relay(s)",
                                 lambda n=relays: fairness_once(  # type: ignore[misc]
                                     env, live_queue, plan.fairness_rows, relays=n,
                                     log_dir=common.log_dir("fairness")))
@@ -227,12 +195,42 @@ SUITE: dict[str, Callable[[Plan], Coroutine[Any, Any, Figure]]] = {
 OWN_REPORTS = {"spark": "bench.spark.run", "compare": "bench.compare"}
 
 
+def own_report(name: str, argv: list[str]) -> str:
+    """A scenario with a report of its own: its module's options beside --out and
+    --quiet-below, its run, and its report under what wrote it, when, where and on what load,
+    into its block of bench/RESULTS.md (or the file --out); returns the report."""
+    module = importlib.import_module(OWN_REPORTS[name])
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    load, command = load_before(), shlex.join(["python", "-m", "bench", "--scenario", name,
+                                                "--", *argv])
+    parser = argparse.ArgumentParser(prog=f"python -m bench --scenario {name} --",
+                                     description=module.__doc__)
+    parser.add_argument("--out", type=Path, help="a file of its own (default: its block of "
+                        "bench/RESULTS.md)")
+    parser.add_argument("--quiet-below", type=float, default=1.0, help="before each run, wait "
+                        "(<= 2 min) for the 1-minute load average to fall under this")
+    module.options(parser)
+    args = parser.parse_args(argv)
+    title, details, body = module.measure(args)
+    text = "\n".join([f"## {title}", "", f"- date: {started}", f"- command: `{command}`",
+                      f"- machine: {common.machine()}", f"- load average before the run: {load}",
+                      *(f"- {d}" for d in details), "", *body]) + "\n"
+    if args.out is None:
+        common.write_block(common.RESULTS, name, text)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return text
+
+
 def flatten(scenarios: dict[str, Any]) -> dict[str, Any]:
     """Every suite scenario's raw results as one suite's, lists joined in the suite's order."""
-    raw: dict[str, Any] = {"limits": {}, "drain": [], "latency": [], "triggers": [],
-                           "producers": [], "fairness": []}
+    raw: dict[str, Any] = {"limits": {}, "drain": [], "latency": [], "producers": [],
+                           "fairness": []}
     for name in SUITE:
         for key, value in scenarios.get(name, {}).get("raw", {}).items():
+            if key not in raw:
+                continue  # what a scenario measured that the suite no longer does
             if isinstance(value, dict):
                 raw[key].update(value)
             else:
@@ -242,22 +240,16 @@ def flatten(scenarios: dict[str, Any]) -> dict[str, Any]:
 
 async def versions() -> dict[str, str]:
     """Client libraries, servers and interpreter."""
-    out = {"python": platform.python_version()}
-    for dist in ("aio-pika", "aiormq", "pamqp", "asyncpg", "uvloop"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[dist] = metadata.version(dist)
+    out = {"python": platform.python_version()} | {
+        d: metadata.version(d) for d in ("aio-pika", "aiormq", "pamqp", "asyncpg", "uvloop")}
     conn = await asyncpg.connect(common.PG_ADMIN_DSN)
-    try:
-        out["postgresql"] = str(await conn.fetchval("SHOW server_version"))
-        out["postgresql autovacuum"] = str(await conn.fetchval("SHOW autovacuum"))
-    finally:
-        await conn.close()
+    out["postgresql"], out["postgresql autovacuum"] = [
+        str(await conn.fetchval(f"SHOW {s}")) for s in ("server_version", "autovacuum")]
+    await conn.close()
     amqp = await aio_pika.connect(AMQP_URL)
-    try:
-        out["rabbitmq"] = str(amqp.transport.connection.server_properties  # type: ignore[union-attr]
-                              .get("version", "?"))
-    finally:
-        await amqp.close()
+    out["rabbitmq"] = str(amqp.transport.connection.server_properties  # type: ignore[union-attr]
+                          .get("version", "?"))
+    await amqp.close()
     return out
 
 
@@ -302,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         write_reports(out, json.loads((out / "results.json").read_text()), args.update_readme)
         return 0
     if args.scenario in OWN_REPORTS:
-        importlib.import_module(OWN_REPORTS[args.scenario]).main(rest[1:] if rest[:1] == ["--"]
-                                                                  else rest)
+        print(own_report(args.scenario, rest[1:] if rest[:1] == ["--"] else rest))
         return 0
     names = list(SUITE) if args.scenario == "suite" else args.scenario.split(",")
     if rest or set(names) - set(SUITE):

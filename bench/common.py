@@ -7,15 +7,13 @@ import asyncio
 import json
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -83,12 +81,12 @@ def private_server() -> Iterator[str]:
         cluster.destroy()
 
 
-async def sql(dsn: str, *statements: str) -> None:
-    """Run statements on a connection of their own."""
+async def sql(dsn: str, *work: str | Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
+    """Run statements (or functions of a connection) on a connection of their own."""
     conn = await asyncpg.connect(dsn)
     try:
-        for statement in statements:
-            await conn.execute(statement)
+        for w in work:
+            await (conn.execute(w) if isinstance(w, str) else w(conn))
     finally:
         await conn.close()
 
@@ -123,18 +121,9 @@ class BenchEnv:
         async with channel() as ch:
             await (await ch.get_queue(self.queue)).purge()
 
-    async def reset(self) -> None:
-        """Empty the outbox and the queue (before repeating a run that failed half-way)."""
-        await sql(self.dsn, "TRUNCATE queue_message")
-        await self.purge()
-
     async def set_mode(self, mode: NotifyMode) -> None:
         """`relay migrate` with this notify mode on the live table (running relays follow)."""
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            await migrate(conn, NAMES, mode)
-        finally:
-            await conn.close()
+        await sql(self.dsn, lambda conn: migrate(conn, NAMES, mode))
 
 
 async def create_env(tag: str) -> BenchEnv:
@@ -259,15 +248,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK
 
 
+def _comm(entry: Path) -> str:
+    try:
+        return (entry / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _pids_named(name: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == name:
-                out.append(int(entry.name))
-        except OSError:
-            continue
-    return out
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _comm(e) == name]
 
 
 def _machine_busy_s() -> float:
@@ -388,32 +377,3 @@ def write_block(path: Path, name: str, body: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(with_block(text, name, body))
     print(f"wrote the block {name!r} of {path}")
-
-
-@dataclass
-class Provenance:
-    """A scenario's own report: the command that started it, when, and the load then."""
-
-    args: list[str]
-    started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-    load: list[float] = field(default_factory=load_before)
-
-    @property
-    def command(self) -> str:
-        """The command line, as a reader would type it."""
-        return shlex.join(["python", "-m", "bench", *self.args])
-
-    def header(self, title: str, *details: str) -> list[str]:
-        """The report's first lines: what wrote it, when, where, on what load."""
-        return [f"## {title}", "", f"- date: {self.started}", f"- command: `{self.command}`",
-                f"- machine: {machine()}", f"- load average before the run: {self.load}",
-                *(f"- {d}" for d in details), ""]
-
-    def write(self, name: str, out: Path | None, text: str) -> None:
-        """The report into its block of bench/RESULTS.md, or into the file `out`."""
-        if out is None:
-            write_block(RESULTS, name, text)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-            print(f"wrote {out}")

@@ -1,5 +1,5 @@
 """Producers spared: pgbench's commit rate under each notify mode's trigger, against none, while
-relays work (docs/speed.md); and what a trigger costs one bulk INSERT ... SELECT, no relay."""
+relays work (docs/speed.md)."""
 
 from __future__ import annotations
 
@@ -83,34 +83,3 @@ async def _wait_draining(conn: asyncpg.Connection, rows: int, timeout_s: float =
         if time.monotonic() > deadline:
             raise RuntimeError(f"the relay did not start draining within {timeout_s} s")
         await asyncio.sleep(0.1)
-
-
-PER_ROW_TRIGGER = f"""
-CREATE OR REPLACE FUNCTION bench_notify_row() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN PERFORM pg_notify('{NAMES.channel}', NEW.id::text); RETURN NULL; END $fn$;
-CREATE TRIGGER bench_notify_row AFTER INSERT ON queue_message
-    FOR EACH ROW EXECUTE FUNCTION bench_notify_row()"""
-
-
-async def trigger_costs(env: BenchEnv, rows: int, runs: int) -> list[dict[str, Any]]:
-    """rows/s of a bulk insert with no trigger, the relay's statement-level one (`always`) and
-    the classic per-row one (a NOTIFY per row), `runs` alternating rounds."""
-    conn = await asyncpg.connect(env.dsn)
-    out = []
-    try:
-        for r in range(runs):
-            for kind in ("none", "statement", "per_row"):
-                await env.set_mode(NotifyMode.ALWAYS if kind == "statement" else NotifyMode.OFF)
-                if kind == "per_row":
-                    await conn.execute(PER_ROW_TRIGGER)
-                load, started = load_before(), time.monotonic()
-                rate = rows / (await insert_backlog(conn, env, rows) - started)
-                await conn.execute("TRUNCATE queue_message")
-                if kind == "per_row":
-                    await conn.execute("DROP TRIGGER bench_notify_row ON queue_message")
-                out.append({"round": r + 1, "trigger": kind, "rows": rows,
-                            "rows_per_s": round(rate), "load_before": load})
-                print(out[-1], flush=True)
-    finally:
-        await conn.close()
-    return out

@@ -21,7 +21,7 @@ def _of(runs: list[Figure], keys: tuple[str, ...]) -> Figure:
     return {k: summary([r[k] for r in runs]) for k in keys}
 
 
-def _loads(runs: list[Figure], key: str = "load_before") -> Figure:
+def _load_of(runs: list[Figure], key: str = "load_before") -> Figure:
     return {"load_before": [r[key][0] for r in runs]}
 
 
@@ -37,11 +37,11 @@ def summarise(raw: Figure) -> Figure:
     limits = {k: summary([r["msg_per_s"] for r in v]) for k, v in raw["limits"].items()
               if k == "bulk_frames"}
     drains = [{k: d[k] for k in ("kind", "processes", "publisher", "rows", "pinned")}
-              | _of(d["runs"], ("msg_per_s",)) | _loads(d["runs"])
+              | _of(d["runs"], ("msg_per_s",)) | _load_of(d["runs"])
               | {"cpu_cores": {k: round(statistics.median(r["cpu_cores"][k] for r in d["runs"]),
                                         2) for k in d["runs"][0]["cpu_cores"]}}
               for d in raw["drain"]]
-    latency = [{k: e[k] for k in ("mode", "rate_per_s", "connections")} | _loads(e["runs"])
+    latency = [{k: e[k] for k in ("mode", "rate_per_s", "connections")} | _load_of(e["runs"])
                | _of(e["runs"], ("achieved_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"))
                | {"floor_p50_ms": {p: summary([r["floor"][p]["p50_ms"] for r in e["runs"]])
                                    for p in ("pg_commit", "amqp_confirm", "timer_late")}}
@@ -54,13 +54,9 @@ def summarise(raw: Figure) -> Figure:
             [r["tps"] for r in runs]), "ratio_to_no_trigger": summary(
             [r["tps"] / off[r["round"]] for r in runs]),
             "notifications": [r["notifications"] for r in runs],
-            "rows_left": [r["rows_left"] for r in runs]} | _loads(runs))
-    none = {r["round"]: r["rows_per_s"] for r in raw["triggers"] if r["trigger"] == "none"}
-    triggers = [{"trigger": kind, "rows_per_s": summary([r["rows_per_s"] for r in runs]),
-                 "ratio_to_none": summary([r["rows_per_s"] / none[r["round"]] for r in runs])}
-                | _loads(runs) for (kind,), runs in _by(raw["triggers"], "trigger").items()]
+            "rows_left": [r["rows_left"] for r in runs]} | _load_of(runs))
     fairness = [{k: e[k] for k in ("relays", "rows", "live_rate_per_s")}
-                | _loads(e["runs"], "load_before_beside")
+                | _load_of(e["runs"], "load_before_beside")
                 | _of(e["runs"], ("alone_msg_per_s", "beside_live_msg_per_s", "drain_ratio",
                                   "live_p50_ms", "live_p95_ms", "live_p99_ms", "live_max_ms"))
                 for e in raw["fairness"]]
@@ -71,7 +67,7 @@ def summarise(raw: Figure) -> Figure:
             for d in raw["drain"] if d["kind"] in ("scale", "big")]
     return {"limits": limits, "drain": drains, "latency": latency, "headline": one,
             "ratios": _ratios(drains, limits, one), "cost": cost, "producers": producers,
-            "triggers": triggers, "fairness": fairness}
+            "fairness": fairness}
 
 
 def _ratios(drains: list[Figure], limits: Figure, one: Figure | None) -> dict[str, float]:
@@ -106,14 +102,15 @@ def _ratio(s: Figure) -> str:
     return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f}, n={s['n']:.0f})"
 
 
-def _loads_text(values: list[float]) -> str:
+def _loads(values: list[float]) -> str:
     return f"{min(values):.1f}–{max(values):.1f}" if values else "-"
 
 
-def _table(title: str, text: str, head: str, rows: list[list[Any]]) -> list[str]:
-    columns = head.split(" | ")
-    return ["", f"### {title}", "", *([text, ""] if text else []), f"| {head} |",
-            "|" + "---|" * len(columns), *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
+def table(head: str, rows: list[list[Any]], title: str = "", text: str = "") -> list[str]:
+    """A Markdown table (`head`: its columns, " | " between them), under a title and a text."""
+    return [*(["", f"### {title}", ""] if title else [""]), *([text, ""] if text else []),
+            f"| {head} |", "|" + "---|" * len(head.split(" | ")),
+            *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
 
 
 def targets(s: Figure, mode: str) -> list[tuple[str, float | None, str, bool]]:
@@ -131,13 +128,12 @@ def targets(s: Figure, mode: str) -> list[tuple[str, float | None, str, bool]]:
         ("one relay vs the bulk-frame publish limit", r.get("relay_1p_vs_bulk_frame_limit"),
          "≥", 0.85),
         ("big backlog vs the small one", r.get("big_backlog_vs_small"), "≥", 0.9),
-        ("drain with the xmin horizon pinned vs free, same size",
-         r.get("pinned_horizon_vs_unpinned"), "≥", 0.8),
-        ("drain with tracing on vs off (rows with a traceparent each)",
-         r.get("tracing_on_vs_off"), "≥", 0.95)]
+        ("drain with the xmin horizon pinned vs free", r.get("pinned_horizon_vs_unpinned"), "≥",
+         0.8),
+        ("drain with tracing on vs off (a traceparent per row)", r.get("tracing_on_vs_off"), "≥",
+         0.95)]
     for f in s["fairness"]:
-        beside = (f"live rows beside a {f['rows']:,}-row bulk, {f['relays']} "
-                  f"relay{'s' if f['relays'] > 1 else ''}")
+        beside = f"live rows beside a {f['rows']:,}-row bulk, {f['relays']} relay(s)"
         rows += [(f"{beside}: p50 ms", f["live_p50_ms"]["median"], "≤", 5),
                  (f"{beside}: p99 ms", f["live_p99_ms"]["median"], "≤", 25),
                  (f"{beside}: bulk drain vs alone", f["drain_ratio"]["median"], "≥", 0.8)]
@@ -147,101 +143,67 @@ def targets(s: Figure, mode: str) -> list[tuple[str, float | None, str, bool]]:
 
 
 def render_markdown(report: Figure) -> str:
-    """RESULTS.md's suite block: what ran where, then every figure, median and spread."""
+    """RESULTS.md's suite block: what ran where, then every figure (docs/speed.md says what
+    each scenario does)."""
     s, m = report["summary"], report["machine"]
     lines = [
-        "## The suite", "",
-        "Written by `python -m bench` (do not edit by hand); raw runs in results.json beside it.",
-        "", f"- date: {report['date']}  ·  run: {report['mode']}  ·  wall time: "
+        "## The suite", "", "Written by `python -m bench` from results.json beside it.", "",
+        f"- date: {report['date']}  ·  run: {report['mode']}  ·  wall time: "
         f"{report['elapsed_s']:.0f} s", f"- command: `{report['command']}`",
         "- scenarios: " + "; ".join(
             f"{name} {e['date'][:16].replace('T', ' ')} UTC ({e['mode']}, load before "
             f"{e['load_before'][0]:.1f}, `{e['command']}`)"
             for name, e in report["scenarios"].items()),
-        f"- notify mode: **{report['notify_mode']}** (the default `relay migrate` installs) "
-        "unless a row says otherwise",
-        f"- machine: {m['cpu']}, nproc {m['nproc']}, {m['memory_gb']} GB, Linux {m['kernel']}; "
-        "each table gives the 1-minute load average before each of its runs (the machine is "
-        "shared with other work: compare ratios from this one run, not absolute figures)",
+        f"- notify mode: **{report['notify_mode']}** (the default) unless a row says otherwise",
+        f"- machine: {m['cpu']}, nproc {m['nproc']}, {m['memory_gb']} GB, Linux {m['kernel']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
-        "- every figure: median (min–max) over the runs; bodies ~200 bytes of JSON, persistent "
-        "messages, durable queue, PostgreSQL and RabbitMQ on loopback; relays at their defaults "
-        "(batch 500, 3 batches in flight)"]
-    lines += _table("Targets (default mode, medians of this run)", "docs/speed.md (\"The "
-                    "targets and the latest full run\") says where the time of a target not "
-                    "met goes.", "target | measured | bound | met",
-                    [[n, "-" if v is None else f"{v:g}", b, "yes" if met else "**no**"]
-                     for n, v, b, met in targets(s, report["notify_mode"])])
-    lines += _table("Ratios (this run)", "", "ratio | value", [[k, v] for k, v in
-                                                               s["ratios"].items()])
-    traced = {"traced_off": ", a traceparent per row, tracing off",
-              "traced_on": ", a traceparent per row, **tracing on**"}
-    lines += _table(
-        "Drain throughput (backlog committed at once)", "pinned: another session holds a "
-        "REPEATABLE READ snapshot from before the insert until the drain ends.",
-        "processes | publisher | rows | xmin horizon | msg/s | load before | CPU cores: relay "
-        "/ postgres / rabbitmq / other",
+        "- every figure: median (min–max) over the runs, with the 1-minute load average before "
+        "them; ~200-byte JSON bodies, persistent messages, durable queues, servers on loopback, "
+        "relays at their defaults"]
+    lines += table("target | measured | bound | met", [
+        [n, "-" if v is None else f"{v:g}", b, "yes" if met else "**no**"]
+        for n, v, b, met in targets(s, report["notify_mode"])], "Targets (default mode)")
+    traced = {"traced_off": ", a traceparent per row", "traced_on": ", traced"}
+    lines += table(
+        "processes | publisher | rows | xmin horizon | msg/s | load before | CPU cores: relay / "
+        "postgres / rabbitmq / other",
         [[d["processes"], d["publisher"] + traced.get(d["kind"], ""), f"{d['rows']:,}",
-          "pinned" if d["pinned"] else "free", _range(d["msg_per_s"]),
-          _loads_text(d["load_before"]), " / ".join(str(d["cpu_cores"][k]) for k in
-                                                    ("relay", "postgres", "rabbitmq", "other"))]
-         for d in s["drain"]])
-    lines += _table(
-        "Cost model: CPU-seconds per 1,000 messages while draining", "postgres (own sessions) "
-        "= the backends serving this database; postgres (all) and rabbitmq = every process of "
-        "the server, with other work of this shared machine.",
-        "relay processes | rows | relay | postgres (own sessions) | postgres (all) | rabbitmq",
-        [[c["processes"], f"{c['rows']:,}", *(f"{c[k]:.4f}" for k in (
-            "relay", "postgres_own_sessions", "postgres", "rabbitmq"))] for c in s["cost"]])
-    lines += _table("Ceiling (same run)", "", "path | msg/s", [
-        ["bulk-frame publish limit (BulkPublisher alone, 3 × 500 in flight, no DB)",
-         _range(v)] for v in s["limits"].values()])
-    lines += _table(
-        "Latency, producer commit → consumer receipt (ms)", "Producers, relay and consumer in "
-        "separate processes; 1-row transactions (Poisson arrivals) on N connections; first "
-        "second left out. floor: the machine's own p50 before each run, median of the runs: a "
-        "commit / a persistent publish's confirm / how late a 1 ms timer wakes.",
+          "pinned" if d["pinned"] else "free", _range(d["msg_per_s"]), _loads(d["load_before"]),
+          " / ".join(str(d["cpu_cores"][k]) for k in ("relay", "postgres", "rabbitmq", "other"))]
+         for d in s["drain"]], "Drains")
+    lines += table("path | msg/s", [["bulk-frame publish limit", _range(v)]
+                                    for v in s["limits"].values()], "Ceiling")
+    lines += table(
         "mode | commits/s | connections | achieved | p50 | p95 | p99 | max | load before | "
-        "floor ms",
+        "floor p50 ms: commit / confirm / timer",
         [[e["mode"], f"{e['rate_per_s']:,}", e["connections"],
           f"{e['achieved_per_s']['median']:,.0f}",
-          *(_ms(e[k]) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
-          _loads_text(e["load_before"]), " / ".join(
-              f"{e['floor_p50_ms'][p]['median']:.2f}"
-              for p in ("pg_commit", "amqp_confirm", "timer_late"))] for e in s["latency"]])
-    lines += _table(
-        "Producers spared: pgbench, 8 clients, one 1-row INSERT per transaction", "Rounds "
-        "alternate the modes; ratio = the mode's commits/s over no trigger (`off`) in the same "
-        "round. backlog: one relay drains a backlog all along; live: two relays follow the "
-        "producers from an empty table.",
+          *(_ms(e[k]) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")), _loads(
+              e["load_before"]), " / ".join(f"{e['floor_p50_ms'][p]['median']:.2f}" for p in (
+                  "pg_commit", "amqp_confirm", "timer_late"))] for e in s["latency"]],
+        "Latency, commit → consumer (ms)")
+    lines += table(
         "situation | mode | commits/s | ratio to no trigger | NOTIFYs per run | rows left | "
         "load before",
         [[e["situation"], e["mode"], _range(e["tps"]), _ratio(e["ratio_to_no_trigger"]),
           f"{min(e['notifications'])}–{max(e['notifications'])}",
-          f"{min(e['rows_left']):,}–{max(e['rows_left']):,}", _loads_text(e["load_before"])]
-         for e in s["producers"]])
-    lines += _table("What a trigger costs a bulk insert (one INSERT … SELECT, no relay)", "",
-                    "trigger | rows/s | ratio to no trigger | load before",
-                    [[e["trigger"], _range(e["rows_per_s"]), _ratio(e["ratio_to_none"]),
-                      _loads_text(e["load_before"])] for e in s["triggers"]])
-    lines += _table(
-        "Live rows beside a bulk job", "Relays at their defaults; a bulk job commits its rows in "
-        "one INSERT … SELECT (to a queue nobody consumes meanwhile) and drains alone, then "
-        "again while an application commits one row per transaction to another queue, "
-        "consumed. Live latency: commit → consumer, for rows committed before the bulk drained.",
-        "relays | bulk rows | live rows/s | bulk alone msg/s | beside live msg/s | drain ratio "
-        "| live p50 ms | p95 | p99 | max | load before",
+          f"{min(e['rows_left']):,}–{max(e['rows_left']):,}", _loads(e["load_before"])]
+         for e in s["producers"]], "Producers spared: pgbench, 8 clients, 1-row INSERTs")
+    lines += table(
+        "relays | bulk rows | live rows/s | bulk alone msg/s | beside live msg/s | drain ratio | "
+        "live p50 ms | p95 | p99 | max | load before",
         [[e["relays"], f"{e['rows']:,}", e["live_rate_per_s"], _range(e["alone_msg_per_s"]),
           _range(e["beside_live_msg_per_s"]), _ratio(e["drain_ratio"]),
           *(_ms(e[f"live_{k}_ms"]) for k in ("p50", "p95", "p99", "max")),
-          _loads_text(e["load_before"])] for e in s["fairness"]])
+          _loads(e["load_before"])] for e in s["fairness"]], "Live rows beside a bulk job")
     return "\n".join(lines) + "\n"
 
 
 def render_readme_block(report: Figure) -> str:
     """The figures README quotes, from this report only."""
-    s, m, r, head = report["summary"], report["machine"], report["summary"]["ratios"], \
-        report["summary"]["headline"]
+    s, m = report["summary"], report["machine"]
+    r, head = s["ratios"], s["headline"]
+    pinned = next(d for d in s["drain"] if d["pinned"])
     lines = [f"`{report['command']}`, {report['date'][:16].replace('T', ' ')} UTC, nproc "
              f"{m['nproc']}, {m['memory_gb']} GB, load average before the suite "
              f"{report['load_before'][0]:.1f} (before each run: bench/RESULTS.md); notify mode "
@@ -249,11 +211,10 @@ def render_readme_block(report: Figure) -> str:
              f"- Drain, one `relay run`: {head['msg_per_s']['median']:,.0f} msg/s = "
              f"{r['relay_1p_vs_bulk_frame_limit']}x the bulk-frame publish limit of the same "
              f"run; a {report['plan']['big_rows']:,}-row backlog at {r['big_backlog_vs_small']}x "
-             f"the {head['rows']:,}-row rate."]
-    pinned = next(d for d in s["drain"] if d["pinned"])
-    lines.append(f"- A {pinned['rows']:,}-row drain while another session pins the xmin "
-                 f"horizon: {pinned['msg_per_s']['median']:,.0f} msg/s = "
-                 f"{r['pinned_horizon_vs_unpinned']}x the same drain with it free.")
+             f"the {head['rows']:,}-row rate.",
+             f"- A {pinned['rows']:,}-row drain while another session pins the xmin horizon: "
+             f"{pinned['msg_per_s']['median']:,.0f} msg/s = {r['pinned_horizon_vs_unpinned']}x "
+             "the same drain with it free."]
     lines += [f"- Commit → consumer at {e['rate_per_s']:,} commits/s ({e['connections']} producer"
               f" connections, `{e['mode']}`; the producers reached "
               f"{e['achieved_per_s']['median']:,.0f}/s): p50 {e['p50_ms']['median']:.2f} ms, "
@@ -263,27 +224,23 @@ def render_readme_block(report: Figure) -> str:
               f"{q['median']:.2f}x their no-trigger commit rate (rounds {q['min']:.2f}–"
               f"{q['max']:.2f}, n={q['n']:.0f})." for e in s["producers"] if e["mode"] != "off"
               for q in [e["ratio_to_no_trigger"]]]
-    lines += [f"- A {report['plan']['trigger_rows']:,}-row INSERT … SELECT with the "
-              f"{e['trigger'].replace('_', '-')} trigger: {e['ratio_to_none']['median']:.2f}x "
-              "the rate with none." for e in s["triggers"] if e["trigger"] != "none"]
     lines += [f"- Live one-row transactions at {e['live_rate_per_s']}/s beside a {e['rows']:,}"
               f"-row bulk transaction, {e['relays']} relay{'s' if e['relays'] > 1 else ''}: p50 "
               f"{e['live_p50_ms']['median']:.2f} ms, p99 {e['live_p99_ms']['median']:.2f} ms "
               f"while the bulk drained at {e['drain_ratio']['median']:.2f}x its rate alone "
               f"(median of {e['live_p50_ms']['n']:.0f})." for e in s["fairness"]]
-    one = next(c for c in s["cost"] if c["processes"] == 1 and c["rows"] == head["rows"])
-    per_1k = one["relay"] + one["postgres_own_sessions"] + one["rabbitmq"]
+    cost = {c["processes"]: c for c in s["cost"] if c["rows"] == head["rows"]}
     lines += ["", "Cost model (CPU-seconds per 1,000 messages while the relays drain, from "
-              "/proc; RabbitMQ's figure includes other work on this shared machine):", "",
-              "| relay processes | relay | PostgreSQL (its sessions) | RabbitMQ | drain msg/s | "
-              "whole machine busy (cores) |", "|---|---|---|---|---|---|"]
-    for d in s["drain"]:
-        c = next((c for c in s["cost"] if c["processes"] == d["processes"]
-                  and c["rows"] == d["rows"]), None)
-        if d["kind"] == "scale" and c:
-            lines.append(f"| {c['processes']} | {c['relay']:.3f} | "
-                         f"{c['postgres_own_sessions']:.3f} | {c['rabbitmq']:.3f} | "
-                         f"{d['msg_per_s']['median']:,.0f} | {d['cpu_cores']['machine_busy']} |")
+              "/proc; RabbitMQ's figure includes other work on this shared machine):"]
+    lines += table("relay processes | relay | PostgreSQL (its sessions) | RabbitMQ | drain msg/s "
+                   "| whole machine busy (cores)", [
+                       [p, f"{c['relay']:.3f}", f"{c['postgres_own_sessions']:.3f}",
+                        f"{c['rabbitmq']:.3f}", f"{d['msg_per_s']['median']:,.0f}",
+                        d["cpu_cores"]["machine_busy"]]
+                       for d in s["drain"] if d["kind"] == "scale"
+                       for p, c in [(d["processes"], cost[d["processes"]])]])
+    one = cost[1]
+    per_1k = one["relay"] + one["postgres_own_sessions"] + one["rabbitmq"]
     lines += ["", f"What follows: a message costs about {per_1k:.3f} CPU-seconds per 1,000 on "
               f"the three processes together, so 10,000 msg/s needs about {per_1k * 10:.1f} "
               f"cores, of which the relay takes {one['relay'] * 10:.2f}; one relay core would "

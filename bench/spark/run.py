@@ -1,15 +1,7 @@
 """Spark -> outbox writes: each write_outbox mode against a plain `df.write.jdbc` append of the
 same rows, rounds interleaved; then the whole path (job start to last message consumed) with
-one relay running.
-
-    python -m bench --scenario spark -- [--rows 1000000] [--rounds 3] [--path-rows 200000]
-        [--master standalone|local[2]] [--modes plain,staged,copy,append]
-        [--server private|shared] [--quiet-below 1.0] [--out FILE]
-
-`standalone` (the default) starts a Spark master and one 2-core worker on 127.0.0.1 from the
-installed pyspark (tests/spark/standalone.py). PostgreSQL: a private initdb cluster with the
-server's defaults, or the shared one. Writes the spark block of bench/RESULTS.md (or --out).
-"""
+one relay running. `--master standalone` (the default) starts a Spark master and one 2-core
+worker on 127.0.0.1 from the installed pyspark (tests/spark/standalone.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ from typing import Any
 import aio_pika
 
 from bench import common
-from bench.common import Provenance, create_env, drop_env, load_before, sql, wait_quiet
+from bench.common import create_env, drop_env, load_before, sql, wait_quiet
 from relay.spark import outbox_id, session, write_outbox
 from relay.spark.dsn import jdbc_target
 
@@ -56,7 +48,7 @@ def plain_append(df: Any, dsn: str) -> None:
 
 async def whole_path(spark: Any, env: common.BenchEnv, rows: int) -> float:
     """Seconds from the start of a staged write to the last message consumed, one relay."""
-    relay = common.Relay(env.relay_env(log_level="warning"), common.log_dir("spark") / "relay.log")
+    relay = common.Relay(env.relay_env(), common.log_dir("spark") / "relay.log")
     received = common.Receipts()
     amqp = await aio_pika.connect(common.AMQP_URL)
     try:
@@ -73,7 +65,8 @@ async def whole_path(spark: Any, env: common.BenchEnv, rows: int) -> float:
         await amqp.close()
 
 
-async def measure(args: argparse.Namespace, facts: dict[str, Any]) -> tuple[list[Any], float]:
+async def writes_and_path(args: argparse.Namespace, facts: dict[str, Any],
+                          ) -> tuple[list[Any], float]:
     """Every write of every round on a database of its own; (writes, whole-path seconds)."""
     env = await create_env("spark")
     cluster = None
@@ -114,62 +107,44 @@ async def measure(args: argparse.Namespace, facts: dict[str, Any]) -> tuple[list
     return writes, path_s
 
 
-def report(args: argparse.Namespace, prov: Provenance, facts: dict[str, Any],
-           writes: list[dict[str, Any]], path_s: float) -> str:
-    """Every write, then each mode's median and its ratio to the plain append."""
+def options(parser: argparse.ArgumentParser) -> None:
+    """This scenario's own options."""
+    for flag, default in (("--rows", 1_000_000), ("--rounds", 3), ("--path-rows", 200_000)):
+        parser.add_argument(flag, type=int, default=default)
+    parser.add_argument("--master", default="standalone", help="standalone or local[2]")
+    parser.add_argument("--modes", default="plain,staged,copy,append")
+
+
+def measure(args: argparse.Namespace) -> tuple[str, list[str], list[str]]:
+    """Every write on a private cluster with the server's defaults; the report's title,
+    details, and every write and each mode's median and ratio to the plain append."""
+    facts: dict[str, Any] = {}
+    with common.private_server():
+        writes, path_s = asyncio.run(writes_and_path(args, facts))
     rates: dict[str, list[float]] = {}
     for w in writes:
         rates.setdefault(w["mode"], []).append(w["rows_per_s"])
-    lines = [*prov.header(
-        "Spark → outbox write benchmark",
-        f"master: {args.master}; pyspark {facts['pyspark']}; executors 700 MB, 2 cores; "
-        f"session start {facts['session_s']:.1f} s", f"PostgreSQL: {facts['server']}",
-        f"{args.rows:,} rows of about 200 bytes per write, {args.rounds} rounds, the order of "
-        f"the modes rotated each round, each write after the load average fell under "
-        f"{args.quiet_below} (or 2 min); `plain` = to_json + `df.write.jdbc` append (what teams "
-        "hand-roll), the other modes `write_outbox(mode=...)`"),
-        "| round | mode | rows/s | seconds | load before |", "|---|---|---:|---:|---|",
-        *(f"| {w['round']} | {w['mode']} | {w['rows_per_s']:,.0f} | {w['seconds']:.1f} | "
-          f"{w['load_before']} |" for w in writes),
-        "", "| mode | median rows/s | min–max rows/s | median ratio to plain append |",
-        "|---|---:|---:|---:|"]
-    for mode, values in rates.items():
-        ratio = statistics.median(v / p for v, p in zip(values, rates.get("plain", values),
-                                                        strict=True))
-        lines.append(f"| {mode} | {statistics.median(values):,.0f} | {min(values):,.0f}–"
-                     f"{max(values):,.0f} | {ratio:.2f} |")
-        if mode == "staged" and "plain" in rates:
-            staged = f"**staged / plain append: {ratio:.2f}** (target ≥ 0.5: " + (
-                "met)" if ratio >= 0.5 else "not met)")
+    lines = ["| round | mode | rows/s | seconds | load before |", "|---|---|---:|---:|---|",
+             *(f"| {w['round']} | {w['mode']} | {w['rows_per_s']:,.0f} | {w['seconds']:.1f} | "
+               f"{w['load_before']} |" for w in writes),
+             "", "| mode | median rows/s | min–max rows/s | median ratio to plain append |",
+             "|---|---:|---:|---:|"]
+    ratios = {mode: statistics.median(v / p for v, p in zip(
+        values, rates.get("plain", values), strict=True)) for mode, values in rates.items()}
+    lines += [f"| {mode} | {statistics.median(values):,.0f} | {min(values):,.0f}–"
+              f"{max(values):,.0f} | {ratios[mode]:.2f} |" for mode, values in rates.items()]
     if "staged" in rates and "plain" in rates:
-        lines += ["", staged]
+        lines += ["", f"**staged / plain append: {ratios['staged']:.2f}** (target ≥ 0.5: "
+                  + ("met)" if ratios["staged"] >= 0.5 else "not met)")]
     if path_s:
         lines += ["", f"Whole path, a staged write of {args.path_rows:,} rows with one relay "
                   f"running, job start to last message consumed: {path_s:.1f} s "
                   f"({args.path_rows / path_s:,.0f} msg/s end to end)."]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> None:
-    """Parse the options, run, write the report."""
-    prov = Provenance(["--scenario", "spark", "--", *argv])
-    parser = argparse.ArgumentParser(prog="python -m bench --scenario spark --",
-                                     description=__doc__)
-    for flag, default in (("--rows", 1_000_000), ("--rounds", 3), ("--path-rows", 200_000)):
-        parser.add_argument(flag, type=int, default=default)
-    parser.add_argument("--master", default="standalone")
-    parser.add_argument("--modes", default="plain,staged,copy,append")
-    parser.add_argument("--server", default="private", choices=("private", "shared"))
-    parser.add_argument("--quiet-below", type=float, default=1.0)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    facts: dict[str, Any] = {"server": "the machine's own" if args.server == "shared"
-                             else "a private initdb cluster with the server's defaults"}
-    if args.server == "private":
-        with common.private_server():
-            writes, path_s = asyncio.run(measure(args, facts))
-    else:
-        writes, path_s = asyncio.run(measure(args, facts))
-    text = report(args, prov, facts, writes, path_s)
-    print(text)
-    prov.write("spark", args.out, text)
+    return "Spark → outbox write benchmark", [
+        f"master: {args.master}; pyspark {facts['pyspark']}; executors 700 MB, 2 cores; "
+        f"session start {facts['session_s']:.1f} s",
+        "PostgreSQL: a private initdb cluster with the server's defaults",
+        f"{args.rows:,} rows of about 200 bytes per write, {args.rounds} rounds, the order of "
+        f"the modes rotated each round, each write after the load average fell under "
+        f"{args.quiet_below} (or 2 min); `plain` = to_json + `df.write.jdbc` append (what teams "
+        "hand-roll), the other modes `write_outbox(mode=...)`"], lines

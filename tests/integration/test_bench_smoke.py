@@ -49,7 +49,6 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     assert {(e["situation"], e["mode"]) for e in summary["producers"]} >= {
         ("backlog", "off"), ("backlog", default.value), ("live", "off"), ("live", default.value)
     }
-    assert {e["trigger"] for e in summary["triggers"]} == {"none", "statement", "per_row"}
     assert all(c["relay"] > 0 for c in summary["cost"])
     assert "big_backlog_vs_small" in summary["ratios"]
     assert summary["ratios"]["pinned_horizon_vs_unpinned"] > 0
@@ -60,8 +59,8 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     assert fairness[0]["live_p99_ms"]["median"] > 0
     assert fairness[0]["drain_ratio"]["median"] > 0
     markdown = (tmp_path / "RESULTS.md").read_text()
-    for section in ("## Drain throughput", "## Cost model", "## Latency", "## Producers spared",
-                    "## Live rows beside a bulk job"):
+    for section in ("### Targets", "### Drains", "### Ceiling", "### Latency",
+                    "### Producers spared", "### Live rows beside a bulk job"):
         assert section in markdown
     assert f"notify mode: **{default.value}**" in markdown
     # The relays' and producers' logs stay beside the report, not in the machine's /tmp.

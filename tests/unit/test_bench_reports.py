@@ -1,14 +1,14 @@
-"""The benchmark scripts that compare two builds write their reports from their records alone:
-every report names the command, the date, the machine and the load average (pure code)."""
+"""The benchmarks write their reports from their records alone: every report names the
+command, the date, the machine and the load average (pure code)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from bench import compare
-from bench.common import Provenance
 
 
 def _latency(build: str, rate: int, p50: float) -> dict[str, object]:
@@ -17,19 +17,34 @@ def _latency(build: str, rate: int, p50: float) -> dict[str, object]:
             "load_before": [0.5, 0.5, 0.5]}
 
 
-def test_a_report_of_its_own__names_command_date_machine_and_load(tmp_path: Path) -> None:
-    run = Provenance(["--scenario", "compare", "--", "--label", "a cut"])
-    assert run.command == "python -m bench --scenario compare -- --label 'a cut'"
-    text = compare.report([_latency("before", 1000, 1.5), _latency("after", 1000, 1.2)], [],
-                          "a cut", run)
-    assert f"- command: `{run.command}`" in text
-    assert f"- date: {run.started}" in text
-    assert "- machine: {" in text
-    assert f"- load average before the run: {run.load}" in text
-    assert "| 1000 | after | 1.20 | 3.60 |" in text
+def options(parser: argparse.ArgumentParser) -> None:
+    """This module stands for a scenario with a report of its own (bench/__main__.py)."""
+    parser.add_argument("--label", required=True)
+
+
+def measure(args: argparse.Namespace) -> tuple[str, list[str], list[str]]:
+    return f"An example: {args.label}", ["a detail"], ["| a | table |"]
+
+
+def test_a_report_of_its_own__names_command_date_machine_and_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import __main__ as bench_main
+
+    monkeypatch.setitem(bench_main.OWN_REPORTS, "example", __name__)
     out = tmp_path / "sub" / "report.md"
-    run.write("compare", out, text)
+    text = bench_main.own_report("example", ["--label", "a cut", "--out", str(out)])
     assert out.read_text() == text
+    lines = text.splitlines()
+    assert lines[0] == "## An example: a cut"
+    assert lines[2].startswith("- date: 20")
+    assert lines[3] == "- command: `python -m bench --scenario example -- --label 'a cut' " \
+        f"--out {out}`"
+    assert lines[4].startswith("- machine: {")
+    assert lines[5].startswith("- load average before the run: [")
+    assert lines[6:] == ["- a detail", "", "| a | table |"]
+    with pytest.raises(SystemExit):  # its own options are checked
+        bench_main.own_report("example", ["--out", str(out)])
 
 
 def test_a_comparison__shows_the_machines_floor_beside_each_run_and_the_drains_ratio() -> None:
@@ -42,15 +57,16 @@ def test_a_comparison__shows_the_machines_floor_beside_each_run_and_the_drains_r
         return {"build": build, "run": run, "rows": 1000, "seconds": round(1000 / rate, 3),
                 "msg_per_s": rate, "load_before": [0.4, 0.3, 0.2]}
 
-    text = compare.report([_latency("before", 1000, 5.0), with_floor],
-                          [drain("before", 1, 100.0), drain("after", 1, 150.0),
-                           drain("before", 2, 200.0), drain("after", 2, 100.0),
-                           drain("before", 3, 100.0)], "x", Provenance([]))
-    assert "| 0.13 / 1.04 / 0.09 |" in text
-    assert text.count("| - |") == 1  # a run recorded without a floor says so
-    assert "| 1 | before | 1,000 | 10.0 | 100 | 0.4 |" in text
+    lines = compare.report([_latency("before", 1000, 5.0), with_floor],
+                           [drain("before", 1, 100.0), drain("after", 1, 150.0),
+                            drain("before", 2, 200.0), drain("after", 2, 100.0),
+                            drain("before", 3, 100.0)])
+    assert lines[3].endswith("| 0.13 / 1.04 / 0.09 |")
+    assert lines[2].endswith("| - |")  # a run recorded without a floor says so
+    assert "| 1000 | after | 4.00 | 12.00 |" in lines
+    assert "| 1 | before | 1,000 | 10.0 | 100 | 0.4 |" in lines
     # Run 3 has no "after": no ratio of it.
-    assert text.rstrip().endswith("after over before, run by run: 1.50, 0.50 (median 1.00).")
+    assert lines[-1] == "after over before, run by run: 1.50, 0.50 (median 1.00)."
 
 
 def test_builds__each_relay_start_sees_its_build_and_the_setting_comes_back() -> None:
@@ -76,7 +92,8 @@ def test_flatten__joins_each_scenarios_runs_into_the_suites_raw_results() -> Non
     raw = flatten(scenarios)
     assert [d["kind"] for d in raw["drain"]] == ["scale", "pinned"]
     assert raw["limits"] == {"bulk_frames": [1]}
-    assert (raw["producers"], raw["triggers"], raw["latency"]) == ([{"p": 1}], [{"t": 1}], [])
+    assert (raw["producers"], raw["latency"]) == ([{"p": 1}], [])
+    assert "triggers" not in raw  # measured once by an older suite, no longer part of it
 
 
 def test_the_committed_results__are_what_the_report_code_writes_from_results_json() -> None:
