@@ -38,7 +38,7 @@ import asyncpg
 from bench import common
 from bench.common import AMQP_URL, DEFAULT_MODE, TRACED_OPTIONS_SQL, BenchEnv, load_before
 from bench.drain import bulk_frame_limit, drain_once
-from bench.latency import bind_live_queue, fairness_once, latency_once
+from bench.latency import LIVE_KEY, LIVE_RATE, fairness_once, latency_once
 from bench.producers import producer_rounds
 from bench.report import render_markdown, render_readme_block, summarise
 from relay.settings import NotifyMode
@@ -89,13 +89,13 @@ async def repeat(plan: Plan, runs: int, label: str,
 
 
 @contextlib.asynccontextmanager
-async def scenario_env(tag: str, queues: tuple[str, ...] = ()) -> AsyncIterator[BenchEnv]:
-    """A database, exchange and queue of the scenario's own, dropped afterwards."""
-    env = await common.create_env(tag)
+async def scenario_env(tag: str, keys: tuple[str, ...] = ()) -> AsyncIterator[BenchEnv]:
+    """A database, exchange and queues of the scenario's own, dropped afterwards."""
+    env = await common.create_env(tag, keys)
     try:
         yield env
     finally:
-        await common.drop_env(env, (env.queue + q for q in queues))
+        await common.drop_env(env)
 
 
 async def drains(env: BenchEnv, plan: Plan, kind: str, rows: int, runs: int,
@@ -156,8 +156,7 @@ async def latency(plan: Plan) -> Figure:
             for rate, conns in plan.latency if mode is DEFAULT_MODE else plan.latency[:1]:
                 runs = await repeat(plan, plan.runs, f"latency {mode.value} {rate}/s",
                                     lambda r=rate, c=conns: latency_once(  # type: ignore[misc]
-                                        env, r, plan.latency_s, connections=c,
-                                        log_dir=common.log_dir("latency")))
+                                        env, r, plan.latency_s, connections=c))
                 out.append({"mode": mode.value, "rate_per_s": rate, "connections": conns,
                             "runs": runs})
     return {"latency": out}
@@ -177,15 +176,13 @@ async def producers(plan: Plan) -> Figure:
 async def fairness(plan: Plan) -> Figure:
     """Live rows beside a bulk job, with each number of relays."""
     out: list[Figure] = []
-    async with scenario_env("fairness", ("-live",)) as env:
-        live_queue = await bind_live_queue(env)
-        for relays in plan.fairness_relays:
-            runs = await repeat(plan, plan.fairness_runs, f"fairness {relays} relay(s)",
-                                lambda n=relays: fairness_once(  # type: ignore[misc]
-                                    env, live_queue, plan.fairness_rows, relays=n,
-                                    log_dir=common.log_dir("fairness")))
-            out.append({"relays": relays, "rows": plan.fairness_rows,
-                        "live_rate_per_s": runs[0]["live_rate_per_s"], "runs": runs})
+    async with scenario_env("fairness", (LIVE_KEY,)) as env:
+        for n in plan.fairness_relays:
+            runs = await repeat(plan, plan.fairness_runs, f"fairness {n} relay(s)",
+                                lambda n=n: fairness_once(  # type: ignore[misc]
+                                    env, plan.fairness_rows, relays_n=n))
+            out.append({"relays": n, "rows": plan.fairness_rows, "live_rate_per_s": LIVE_RATE,
+                        "runs": runs})
     return {"fairness": out}
 
 

@@ -103,12 +103,14 @@ async def channel() -> AsyncIterator[aio_pika.abc.AbstractChannel]:
 
 @dataclass
 class BenchEnv:
-    """One scenario's database (`bench_<tag>_<random>`), exchange and durable queue."""
+    """One scenario's database (`bench_<tag>_<random>`), exchange and durable queue (and a
+    queue `<queue>-<key>` for each other routing key)."""
 
     dsn: str
     database: str
     exchange: str
     queue: str
+    keys: tuple[str, ...] = ()
 
     def relay_env(self, **overrides: Any) -> dict[str, str]:
         """The environment of a `relay run` for this scenario: its defaults but these."""
@@ -126,23 +128,25 @@ class BenchEnv:
         await sql(self.dsn, lambda conn: migrate(conn, NAMES, mode))
 
 
-async def create_env(tag: str) -> BenchEnv:
-    """A new database migrated in the default notify mode, a queue bound to a direct exchange."""
+async def create_env(tag: str, keys: tuple[str, ...] = ()) -> BenchEnv:
+    """A new database migrated in the default notify mode, queues bound to a direct exchange."""
     suffix = f"{tag}_{secrets.token_hex(3)}"
     await sql(PG_ADMIN_DSN, f'CREATE DATABASE "bench_{suffix}"')
     dsn = urlunsplit(urlsplit(PG_ADMIN_DSN)._replace(path=f"/bench_{suffix}"))
-    env = BenchEnv(dsn, f"bench_{suffix}", f"bench-{suffix}-x", f"bench-{suffix}-q")
+    env = BenchEnv(dsn, f"bench_{suffix}", f"bench-{suffix}-x", f"bench-{suffix}-q", keys)
     await env.set_mode(DEFAULT_MODE)
     async with channel() as ch:
         x = await ch.declare_exchange(env.exchange, aio_pika.ExchangeType.DIRECT, durable=True)
-        await (await ch.declare_queue(env.queue, durable=True)).bind(x, ROUTING_KEY)
+        for key in (ROUTING_KEY, *keys):
+            queue = env.queue + ("" if key == ROUTING_KEY else f"-{key}")
+            await (await ch.declare_queue(queue, durable=True)).bind(x, key)
     return env
 
 
-async def drop_env(env: BenchEnv, queues: Iterable[str] = ()) -> None:
+async def drop_env(env: BenchEnv) -> None:
     """Remove the scenario's database, exchange and queues."""
     async with channel() as ch:
-        for queue in (env.queue, *queues):
+        for queue in (env.queue, *(f"{env.queue}-{k}" for k in env.keys)):
             await ch.queue_delete(queue)
         await ch.exchange_delete(env.exchange)
     await sql(PG_ADMIN_DSN, f'DROP DATABASE IF EXISTS "{env.database}" WITH (FORCE)')
@@ -187,41 +191,54 @@ async def wait_drained(conn: asyncpg.Connection, env: BenchEnv, rows: int,
     return await wait_empty(conn, max(deadline - time.monotonic(), 1.0))
 
 
-class Relay:
-    """A real `relay run` subprocess (from RELAY_SRC's checkout when that is set)."""
-
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        command = [RELAY_BIN, "run"]
-        if RELAY_SRC:
-            command = [sys.executable, "-m", "relay.cli", "run"]
-            env = {**env, "PYTHONPATH": RELAY_SRC}
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=RELAY_SRC or None)
-
-    async def wait_started(self, timeout_s: float = 30.0) -> None:
-        """Until the process logged relay_started."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"relay exited: {self.log_path.read_text()[-2000:]}")
-            if any(line.startswith("{") and json.loads(line).get("event") == "relay_started"
-                   for line in self.log_path.read_text(errors="replace").splitlines()):
-                return
+@asynccontextmanager
+async def relays(env: BenchEnv, n: int, tag: str, *, consume: str = "",
+                 extra_env: dict[str, str] | None = None, **settings: Any,
+                 ) -> AsyncIterator[Receipts]:
+    """`n` started `relay run` subprocesses at their defaults but `settings` (from RELAY_SRC's
+    checkout when set; logs under log_dir(tag)), and this process consuming the queue
+    `consume`; yields what arrived when (and the relays' pids). Stopped at the end."""
+    logs, received = log_dir(tag), Receipts()
+    command, variables = [RELAY_BIN, "run"], env.relay_env(**settings) | (extra_env or {})
+    if RELAY_SRC:
+        command = [sys.executable, "-m", "relay.cli", "run"]
+        variables |= {"PYTHONPATH": RELAY_SRC}
+    procs = [_spawn(command, variables, logs / f"relay-{i}.log") for i in range(n)]
+    received.pids = [p.pid for p in procs]
+    amqp = await aio_pika.connect(AMQP_URL)
+    try:
+        if consume:
+            ch = await amqp.channel()
+            await ch.set_qos(prefetch_count=5000)
+            await (await ch.get_queue(consume)).consume(received.note, no_ack=True)
+        deadline = time.monotonic() + 30
+        while not all(_started(p, logs / f"relay-{i}.log") for i, p in enumerate(procs)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a relay did not log relay_started within 30 s ({logs})")
             await asyncio.sleep(0.05)
-        raise TimeoutError(f"relay did not log relay_started within {timeout_s}s")
-
-    def stop(self) -> None:
-        """SIGTERM, then kill if it lingers."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        yield received
+    finally:
+        for proc in procs:
+            proc.terminate()
             try:
-                self.proc.wait(timeout=20)
+                proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+                proc.kill()
+                proc.wait(timeout=10)
+        await amqp.close()
+
+
+def _spawn(command: list[str], variables: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(command, env=variables, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=RELAY_SRC or None)
+
+
+def _started(proc: subprocess.Popen[bytes], log: Path) -> bool:
+    if proc.poll() is not None:
+        raise RuntimeError(f"relay exited: {log.read_text()[-2000:]}")
+    return any(line.startswith("{") and json.loads(line).get("event") == "relay_started"
+               for line in log.read_text(errors="replace").splitlines())
 
 
 def builds(before_src: str) -> Iterator[str]:
@@ -324,11 +341,7 @@ class Receipts(dict[str, float]):
     """When each message id first reached this process (CLOCK_MONOTONIC: one clock for every
     process of the machine)."""
 
-    async def consume(self, amqp: aio_pika.abc.AbstractConnection, queue: str) -> None:
-        """Take every message of `queue` from now on (no ack)."""
-        ch = await amqp.channel()
-        await ch.set_qos(prefetch_count=5000)
-        await (await ch.get_queue(queue)).consume(self.note, no_ack=True)
+    pids: list[int]
 
     async def note(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         """The first arrival of a message id."""

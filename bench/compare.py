@@ -39,8 +39,7 @@ async def alternate(args: argparse.Namespace, drains: bool) -> list[dict[str, An
                 for build in builds(args.before_src):
                     await wait_quiet(args.quiet_below)
                     result = await (drain_once(env, args.drain_rows) if drains else latency_once(
-                        env, rate, args.seconds, connections=connections,
-                        log_dir=common.log_dir("compare")))
+                        env, rate, args.seconds, connections=connections))
                     out.append({"build": build, "run": i + 1, "rate": rate, **result})
                     print(out[-1], flush=True)
     finally:

@@ -15,12 +15,11 @@ from bench.common import (
     AMQP_URL,
     ROUTING_KEY,
     BenchEnv,
-    Relay,
     cpu_s,
     cpu_split,
     insert_backlog,
     load_before,
-    log_dir,
+    relays,
     wait_drained,
 )
 from relay.amqp.pipeline import BulkPublisher
@@ -39,31 +38,26 @@ async def drain_once(env: BenchEnv, rows: int, *, processes: int = 1, publisher:
     pinned: another session holds a REPEATABLE READ snapshot from before the insert until the
     drain ends, so no deleted row can be cleaned up meanwhile. extra_env: more of the relays'
     environment (OTEL_*); options_sql: the rows' options (common.insert_backlog)."""
-    logs = log_dir("drain")
-    relays = [Relay({**env.relay_env(publisher=publisher), **(extra_env or {})},
-                    logs / f"relay-{i}.log") for i in range(processes)]
     conn = await asyncpg.connect(env.dsn)
     holder = await asyncpg.connect(env.dsn)
     try:
         if pinned:
             await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             await holder.fetchval("SELECT count(*) FROM queue_message")
-        for relay in relays:
-            await relay.wait_started()
-        load = load_before()
-        own0 = {r["pid"]: cpu_s(r["pid"]) for r in await conn.fetch(OWN_BACKENDS)}
-        with cpu_split([r.proc.pid for r in relays]) as cpu:
-            committed = await insert_backlog(conn, env, rows, options_sql)
-            seconds = await wait_drained(conn, env, rows, 900.0) - committed
-        own = set(own0) | {r["pid"] for r in await conn.fetch(OWN_BACKENDS)}
-        own_cpu = sum(cpu_s(p) - own0.get(p, 0.0) for p in own)
+        async with relays(env, processes, "drain", extra_env=extra_env,
+                          publisher=publisher) as started:
+            load = load_before()
+            own0 = {r["pid"]: cpu_s(r["pid"]) for r in await conn.fetch(OWN_BACKENDS)}
+            with cpu_split(started.pids) as cpu:
+                committed = await insert_backlog(conn, env, rows, options_sql)
+                seconds = await wait_drained(conn, env, rows, 900.0) - committed
+            own = set(own0) | {r["pid"] for r in await conn.fetch(OWN_BACKENDS)}
+            own_cpu = sum(cpu_s(p) - own0.get(p, 0.0) for p in own)
         await holder.close()
         await conn.execute("VACUUM queue_message")
     finally:
         await holder.close()
         await conn.close()
-        for relay in relays:
-            relay.stop()
     await env.purge()
     # The insert is inside the CPU window: per-message CPU uses the window's length.
     window_s = cpu.pop("window_s")

@@ -1,14 +1,9 @@
-"""Commit -> consumer latency, alone at a fixed commit rate and beside a bulk job (fairness).
-
-Producers run in a process of their own (this module's main: N connections, one 1-row
-transaction per commit, open-loop Poisson arrivals) and note when each commit returned; this
-process consumes and notes when each message arrived, both on CLOCK_MONOTONIC. Right before
-each run, the machine's own floor: a commit on the run's server, a persistent publish's
-confirm, how late a 1 ms timer wakes (docs/speed.md)."""
+"""Commit -> consumer latency, at a fixed commit rate and beside a bulk job (fairness): the
+producers note when each commit returned, this process when each message arrived, on one
+clock; right before each run, the machine's own floor (docs/speed.md)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -16,7 +11,6 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -27,11 +21,10 @@ from bench.common import (
     AMQP_URL,
     ROUTING_KEY,
     BenchEnv,
-    Receipts,
-    Relay,
     insert_backlog,
     load_before,
     percentile,
+    relays,
     sql,
     tail_ms,
     wait_drained,
@@ -41,25 +34,16 @@ WARMUP_S = 1.0  # left out of the percentiles: connections and prepared statemen
 LIVE_KEY, LIVE_RATE = "live", 200  # the live rows beside a bulk job: their key, commits/s
 
 
-async def latency_once(env: BenchEnv, rate: int, seconds: float, *, connections: int = 4,
-                       log_dir: Path) -> dict[str, Any]:
+async def latency_once(env: BenchEnv, rate: int, seconds: float, *,
+                       connections: int) -> dict[str, Any]:
     """Producers at `rate` commits/s for `seconds` through one relay; the tail in ms. A
     CHECKPOINT first, so an earlier scenario's writes are not flushed in the middle of it."""
     await sql(env.dsn, "CHECKPOINT")
     load, floor = load_before(), await measure_floor(env.dsn)
-    relay = Relay(env.relay_env(), log_dir / "relay.log")
-    received = Receipts()
-    producer = Producers(env, rate, seconds, log_dir / "ids.txt", connections=connections)
-    amqp = await aio_pika.connect(AMQP_URL)
-    try:
-        await received.consume(amqp, env.queue)
-        await relay.wait_started()
-        await producer.start()
-        committed = await producer.committed()
+    async with relays(env, 1, "latency", consume=env.queue) as received:
+        producer = Producers(env, rate, seconds, connections=connections)
+        committed = await producer.run()
         await received.wait_for(committed)
-    finally:
-        relay.stop()
-        await amqp.close()
     start = min(committed.values())
     lat_ms = [(received[k] - t) * 1000 for k, t in committed.items() if t - start >= WARMUP_S]
     return {"rate_per_s": rate, "connections": connections,
@@ -67,53 +51,36 @@ async def latency_once(env: BenchEnv, rate: int, seconds: float, *, connections:
             "load_before": load, "floor": floor}
 
 
-async def bind_live_queue(env: BenchEnv) -> str:
-    """The queue of the live rows' routing key, bound to the scenario's exchange."""
-    async with common.channel() as ch:
-        queue = await ch.declare_queue(env.queue + "-live", durable=True)
-        await queue.bind(env.exchange, LIVE_KEY)
-    return env.queue + "-live"
-
-
-async def fairness_once(env: BenchEnv, live_queue: str, rows: int, *, relays: int,
-                        log_dir: Path) -> dict[str, Any]:
+async def fairness_once(env: BenchEnv, rows: int, *, relays_n: int) -> dict[str, Any]:
     """A bulk of `rows` in one transaction drains alone, then again while an application
-    commits one row per transaction at LIVE_RATE from its commit on (consumed here): the live
-    rows' latency while the bulk drained, and the bulk's rate beside them over alone."""
-    procs = [Relay(env.relay_env(), log_dir / f"relay-{i}.log") for i in range(relays)]
-    received = Receipts()
-    amqp = await aio_pika.connect(AMQP_URL)
+    commits one row per transaction at LIVE_RATE from its commit on, to the queue
+    `<queue>-live` consumed here: the live rows' latency while the bulk drained, and the
+    bulk's rate beside them over alone."""
     conn = await asyncpg.connect(env.dsn)
 
-    async def bulk(then: Callable[[], Awaitable[None]] | None = None) -> tuple[float, float]:
+    async def bulk(beside: Producers | None = None) -> tuple[float, float]:
         await sql(env.dsn, "CHECKPOINT")
         committed = await insert_backlog(conn, env, rows)
-        if then is not None:
-            await then()
+        live = asyncio.create_task(beside.run()) if beside else None
         drained = await wait_drained(conn, env, rows, 600)
         await env.purge()
+        if live:
+            await received.wait_for(await live)
         return committed, drained
 
     try:
-        for proc in procs:
-            await proc.wait_started()
-        await received.consume(amqp, live_queue)
-        load_alone = load_before()
-        start, end = await bulk()
-        alone_s = end - start
-        live = Producers(env, LIVE_RATE, alone_s * 1.5 + 2, log_dir / "live-ids.txt",
-                         connections=1, routing_key=LIVE_KEY)
-        load_beside = load_before()
-        start, end = await bulk(live.start)
-        committed = await live.committed()
-        await received.wait_for(committed)
+        async with relays(env, relays_n, "fairness", consume=env.queue + "-live") as received:
+            load_alone = load_before()
+            start, end = await bulk()
+            alone_s = end - start
+            live = Producers(env, LIVE_RATE, alone_s * 1.5 + 2, connections=1,
+                             routing_key=LIVE_KEY)
+            load_beside = load_before()
+            start, end = await bulk(live)
     finally:
-        for proc in procs:
-            proc.stop()
-        await amqp.close()
         await conn.close()
-    during = [(received[k] - t) * 1000 for k, t in committed.items() if t <= end]
-    return {"bulk_rows": rows, "relays": relays, "live_rate_per_s": LIVE_RATE,
+    during = [(received[k] - t) * 1000 for k, t in live.committed.items() if t <= end]
+    return {"bulk_rows": rows, "relays": relays_n, "live_rate_per_s": LIVE_RATE,
             "alone_msg_per_s": round(rows / alone_s, 1),
             "beside_live_msg_per_s": round(rows / (end - start), 1),
             "drain_ratio": round(alone_s / (end - start), 3),
@@ -121,34 +88,30 @@ async def fairness_once(env: BenchEnv, live_queue: str, rows: int, *, relays: in
             "load_before_alone": load_alone, "load_before_beside": load_beside}
 
 
-async def _timed(samples: int, once: Callable[[int], Awaitable[Any]]) -> dict[str, float]:
-    took = []
-    for i in range(samples):
-        started = time.perf_counter()
-        await once(i)
-        took.append((time.perf_counter() - started) * 1000)
-    return {"p50_ms": round(percentile(took, 50), 3), "p99_ms": round(percentile(took, 99), 3)}
-
-
 async def measure_floor(dsn: str, samples: int = 200) -> dict[str, Any]:
-    """The machine's floor now, p50 and p99 (ms) of three probes one after another."""
-    out = {"timer_late": await _timed(samples, lambda _: asyncio.sleep(0.001))}
-    out["timer_late"] = {k: round(v - 1, 3) for k, v in out["timer_late"].items()}
-    conn = await asyncpg.connect(dsn)
+    """The machine's own latency now (p50 and p99 ms, one probe after another): a commit on
+    the run's server, a persistent publish's confirm from a durable queue, and how late a
+    1 ms timer wakes."""
+    conn, amqp = await asyncpg.connect(dsn), await aio_pika.connect(AMQP_URL)
+    ch = await amqp.channel(publisher_confirms=True)
+    queue = await ch.declare_queue(f"bench-floor-{uuid.uuid4().hex[:8]}", durable=True)
+    message = aio_pika.Message(b"{}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+    probes: dict[str, Callable[[], Awaitable[Any]]] = {
+        "timer_late": lambda: asyncio.sleep(0.001),
+        "pg_commit": lambda: conn.fetchval("SELECT txid_current()"),
+        "amqp_confirm": lambda: ch.default_exchange.publish(message, routing_key=queue.name)}
+    out = {}
     try:
-        out["pg_commit"] = await _timed(samples, lambda _: conn.fetchval("SELECT txid_current()"))
-    finally:
-        await conn.close()
-    name = f"bench-floor-{uuid.uuid4().hex[:8]}"
-    amqp = await aio_pika.connect(AMQP_URL)
-    try:
-        ch = await amqp.channel(publisher_confirms=True)
-        queue = await ch.declare_queue(name, durable=True)
-        out["amqp_confirm"] = await _timed(samples, lambda i: ch.default_exchange.publish(
-            aio_pika.Message(b'{"floor": %d}' % i, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-            routing_key=name))
+        for name, probe in probes.items():
+            took = []
+            for _ in range(samples):
+                started = time.perf_counter()
+                await probe()
+                took.append((time.perf_counter() - started) * 1000 - (name == "timer_late"))
+            out[name] = {f"p{q}_ms": round(percentile(took, q), 3) for q in (50, 99)}
         await queue.delete(if_unused=False, if_empty=False)
     finally:
+        await conn.close()
         await amqp.close()
     return out
 
@@ -161,71 +124,52 @@ BODY = ('{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "q
 
 
 class Producers:
-    """This module's main in a process of its own: `rate` commits a second for `seconds` on
-    `connections`; each row's id and commit time go to `out`."""
+    """Producers in a process of their own (this module's main): `rate` commits a second for
+    `seconds` on `connections`, each on an open-loop Poisson schedule (a commit behind is sent
+    at once); each row's id and the time its commit returned (CLOCK_MONOTONIC)."""
 
-    def __init__(self, env: BenchEnv, rate: int, seconds: float, out: Path, *,
-                 connections: int, routing_key: str = ROUTING_KEY) -> None:
-        self.args = ["--dsn", env.dsn, "--exchange", env.exchange, "--rate", str(rate),
-                     "--connections", str(connections), "--seconds", str(seconds),
-                     "--routing-key", routing_key, "--out", str(out)]
-        self.out, self.achieved = out, 0.0
-        self.proc: asyncio.subprocess.Process | None = None
+    def __init__(self, env: BenchEnv, rate: int, seconds: float, *, connections: int,
+                 routing_key: str = ROUTING_KEY) -> None:
+        self.spec = {"dsn": env.dsn, "exchange": env.exchange, "routing_key": routing_key,
+                     "rate": rate, "seconds": seconds, "connections": connections}
+        self.achieved, self.committed = 0.0, dict[str, float]()
 
-    async def start(self) -> None:
-        """Start producing."""
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.latency", *self.args,
+    async def run(self) -> dict[str, float]:
+        """Produce until done; each row's commit time, by id."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.latency", json.dumps(self.spec),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-
-    async def committed(self) -> dict[str, float]:
-        """Wait for the producers to end; each row's commit time, by id."""
-        assert self.proc is not None
-        stdout, stderr = await self.proc.communicate()
-        if self.proc.returncode != 0:
+        stdout, stderr = await proc.communicate()
+        if proc.returncode != 0:
             raise RuntimeError(f"producer failed: {stderr.decode()[-2000:]}")
-        self.achieved = json.loads(stdout.decode().strip().splitlines()[-1])["achieved_per_s"]
-        pairs = (line.split() for line in self.out.read_text().splitlines())
-        return {row_id: float(t) for row_id, t in pairs}
+        report = json.loads(stdout)
+        self.achieved, self.committed = report["achieved_per_s"], report["committed"]
+        return self.committed
 
 
-async def produce(args: argparse.Namespace) -> tuple[list[tuple[str, float]], float]:
-    """Commit on each connection on a Poisson schedule (a commit behind is sent at once)."""
-    conns = [await asyncpg.connect(args.dsn) for _ in range(args.connections)]
-    out: list[tuple[str, float]] = []
+async def produce(spec: dict[str, Any]) -> dict[str, Any]:
+    """The producers' process: commit on every connection until `seconds` are over."""
+    conns = [await asyncpg.connect(spec["dsn"]) for _ in range(spec["connections"])]
+    committed: dict[str, float] = {}
     start = time.monotonic() + 0.05
-    end = start + args.seconds
+    end, lam = start + spec["seconds"], spec["rate"] / spec["connections"]
 
     async def one(conn: asyncpg.Connection, rnd: random.Random) -> None:
-        due = start + rnd.expovariate(args.rate / args.connections)
+        due = start + rnd.expovariate(lam)
         while due < end:
             await asyncio.sleep(max(due - time.monotonic(), 0))
-            row_id = await conn.fetchval(INSERT, args.exchange, args.routing_key, BODY)
-            out.append((row_id, time.monotonic()))
-            due += rnd.expovariate(args.rate / args.connections)
+            row_id = await conn.fetchval(INSERT, spec["exchange"], spec["routing_key"], BODY)
+            committed[row_id] = time.monotonic()
+            due += rnd.expovariate(lam)
 
     try:
         await asyncio.gather(*(one(c, random.Random(i)) for i, c in enumerate(conns)))
     finally:
         for c in conns:
             await c.close()
-    return out, max(max((t for _, t in out), default=end) - start, args.seconds)
-
-
-def main() -> int:
-    """The producer process."""
-    parser = argparse.ArgumentParser(prog="python -m bench.latency", description=Producers.__doc__)
-    for flag in ("--dsn", "--exchange", "--out", "--routing-key"):
-        parser.add_argument(flag, required=True)
-    for flag in ("--rate", "--seconds"):
-        parser.add_argument(flag, type=float, required=True)
-    parser.add_argument("--connections", type=int, required=True)
-    args = parser.parse_args()
-    rows, elapsed = common.run(lambda: produce(args))
-    Path(args.out).write_text("".join(f"{i} {t!r}\n" for i, t in rows))
-    print(json.dumps({"commits": len(rows), "achieved_per_s": round(len(rows) / elapsed, 1)}))
-    return 0
+    elapsed = max(max(committed.values(), default=end) - start, spec["seconds"])
+    return {"achieved_per_s": round(len(committed) / elapsed, 1), "committed": committed}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    print(json.dumps(common.run(lambda: produce(json.loads(sys.argv[1])))))

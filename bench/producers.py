@@ -12,7 +12,15 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import NAMES, BenchEnv, Relay, insert_backlog, load_before, log_dir, wait_empty
+from bench.common import (
+    NAMES,
+    BenchEnv,
+    insert_backlog,
+    load_before,
+    log_dir,
+    relays,
+    wait_empty,
+)
 from relay.settings import NotifyMode
 
 PGBENCH_SQL = ("INSERT INTO queue_message (exchange, routing_key, content) "
@@ -38,41 +46,36 @@ async def producer_rounds(env: BenchEnv, *, situation: str, modes: tuple[NotifyM
     backlog: one relay drains a backlog committed before each run, which starts once it
     drains (with no trigger only the relay's 0.5 s poll wakes it); live: two relays follow
     the producers from an empty table. NOTIFYs are counted on a LISTEN connection."""
-    logs = log_dir("producers")
-    script = logs / "insert.sql"
+    script = log_dir("producers") / "insert.sql"
     script.write_text(PGBENCH_SQL.format(x=env.exchange))
-    relays = [Relay(env.relay_env(poll_interval_s=0.5), logs / f"relay-{i}.log")
-              for i in range(1 if situation == "backlog" else 2)]
     listen = await asyncpg.connect(env.dsn)
     notifies: list[object] = []
     await listen.add_listener(NAMES.channel, lambda *a: notifies.append(a))
     out: list[dict[str, Any]] = []
     try:
-        for relay in relays:
-            await relay.wait_started()
-        for r in range(rounds):
-            for mode in modes if r % 2 == 0 else tuple(reversed(modes)):
-                await env.set_mode(mode)
-                if situation == "backlog":
-                    await insert_backlog(listen, env, backlog_rows)
-                    await _wait_draining(listen, backlog_rows)
-                else:
-                    await wait_empty(listen, 120)
-                    await asyncio.sleep(0.5)  # the relays go to sleep
-                before, load = len(notifies), load_before()
-                tps = await asyncio.to_thread(pgbench, env.dsn, script, clients, seconds)
-                out.append({"situation": situation, "round": r + 1, "mode": mode.value,
-                            "clients": clients, "tps": round(tps),
-                            "notifications": len(notifies) - before, "load_before": load,
-                            "rows_left": await listen.fetchval(
-                                "SELECT count(*) FROM queue_message")})
-                print(out[-1], flush=True)
-                await wait_empty(listen, 600)
-                await env.purge()
+        async with relays(env, 1 if situation == "backlog" else 2, "producers",
+                          poll_interval_s=0.5):
+            for r in range(rounds):
+                for mode in modes if r % 2 == 0 else tuple(reversed(modes)):
+                    await env.set_mode(mode)
+                    if situation == "backlog":
+                        await insert_backlog(listen, env, backlog_rows)
+                        await _wait_draining(listen, backlog_rows)
+                    else:
+                        await wait_empty(listen, 120)
+                        await asyncio.sleep(0.5)  # the relays go to sleep
+                    before, load = len(notifies), load_before()
+                    tps = await asyncio.to_thread(pgbench, env.dsn, script, clients, seconds)
+                    out.append({"situation": situation, "round": r + 1, "mode": mode.value,
+                                "clients": clients, "tps": round(tps),
+                                "notifications": len(notifies) - before, "load_before": load,
+                                "rows_left": await listen.fetchval(
+                                    "SELECT count(*) FROM queue_message")})
+                    print(out[-1], flush=True)
+                    await wait_empty(listen, 600)
+                    await env.purge()
     finally:
         await listen.close()
-        for relay in relays:
-            relay.stop()
     return out
 
 

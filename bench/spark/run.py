@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aio_pika
-
 from bench import common
 from bench.common import create_env, drop_env, load_before, sql, wait_quiet
 from relay.spark import outbox_id, session, write_outbox
@@ -48,21 +46,13 @@ def plain_append(df: Any, dsn: str) -> None:
 
 async def whole_path(spark: Any, env: common.BenchEnv, rows: int) -> float:
     """Seconds from the start of a staged write to the last message consumed, one relay."""
-    relay = common.Relay(env.relay_env(), common.log_dir("spark") / "relay.log")
-    received = common.Receipts()
-    amqp = await aio_pika.connect(common.AMQP_URL)
-    try:
-        await received.consume(amqp, env.queue)
-        await relay.wait_started()
+    async with common.relays(env, 1, "spark", consume=env.queue) as received:
         started = time.monotonic()
         # write_outbox blocks; in a thread the consumer keeps taking messages meanwhile.
         await asyncio.to_thread(write_outbox, frame(spark, rows, env.exchange, "path"),
                                 dsn=env.dsn)
         await received.wait_for(count=rows, timeout_s=1800)
         return max(received.values()) - started
-    finally:
-        relay.stop()
-        await amqp.close()
 
 
 async def writes_and_path(args: argparse.Namespace, facts: dict[str, Any],
