@@ -1,16 +1,7 @@
-"""The benchmarks, one command (docs/speed.md says what each scenario measures):
-
-    python -m bench [--update-readme]       every suite scenario, on a private cluster
-    python -m bench --scenario drain,latency some of them; the others stay in results.json
-    python -m bench --smoke                  a few thousand rows, the shared server (CI)
-    python -m bench --render-only --update-readme   the reports again from results.json
-    python -m bench --scenario spark|compare -- OPTIONS   scenarios with reports of their own
-
-Suite scenarios: limits, drain, pinned, tracing, latency, producers, fairness. They write
-results.json (every run with its date, command and load average) and the suite's block of
-RESULTS.md into --out (bench/, or a temporary folder for --smoke); spark and compare write
-their own blocks of bench/RESULTS.md.
-"""
+"""The benchmarks, one command; docs/speed.md says what each scenario measures and how to run
+them. The suite's scenarios write results.json (every run with its date, command and load
+average) and the suite's block of RESULTS.md into --out (bench/, or a temporary folder for
+--smoke); spark and compare write their own blocks of bench/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -25,7 +16,7 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -40,7 +31,7 @@ from bench.common import AMQP_URL, DEFAULT_MODE, TRACED_OPTIONS_SQL, BenchEnv, l
 from bench.drain import bulk_frame_limit, drain_once
 from bench.latency import LIVE_KEY, LIVE_RATE, fairness_once, latency_once
 from bench.producers import producer_rounds
-from bench.report import render_markdown, render_readme_block, summarise
+from bench.report import Figure, render_markdown, render_readme_block, summarise
 from relay.settings import NotifyMode
 from tests.servers.otlp_receiver import OtlpReceiver
 
@@ -72,7 +63,6 @@ FULL = Plan(3, 100_000, 1_000_000, 20_000, (1, 2, 4), ((1000, 4), (3000, 16)), 1
             80_000, 100_000, 500_000, 300_000, (1, 2), 2, 1.0, (NotifyMode.ALWAYS,))
 SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5, 1, 1.0, 10_000, 2_000, 3_000,
              20_000, (1,), 1, None, ())
-Figure = dict[str, Any]
 
 
 async def repeat(plan: Plan, runs: int, label: str,
@@ -88,16 +78,6 @@ async def repeat(plan: Plan, runs: int, label: str,
     return out
 
 
-@contextlib.asynccontextmanager
-async def scenario_env(tag: str, keys: tuple[str, ...] = ()) -> AsyncIterator[BenchEnv]:
-    """A database, exchange and queues of the scenario's own, dropped afterwards."""
-    env = await common.create_env(tag, keys)
-    try:
-        yield env
-    finally:
-        await common.drop_env(env)
-
-
 async def drains(env: BenchEnv, plan: Plan, kind: str, rows: int, runs: int,
                  **options: Any) -> Figure:
     """`runs` drains of `rows` rows (options: drain_once's), labelled `kind`."""
@@ -109,13 +89,13 @@ async def drains(env: BenchEnv, plan: Plan, kind: str, rows: int, runs: int,
 
 
 async def limits(plan: Plan) -> Figure:
-    async with scenario_env("limits") as env:
+    async with common.scenario_env("limits") as env:
         return {"limits": {"bulk_frames": await repeat(
             plan, plan.runs, "bulk-frames", lambda: bulk_frame_limit(env, plan.bulk_msgs))}}
 
 
 async def drain(plan: Plan) -> Figure:
-    async with scenario_env("drain") as env:
+    async with common.scenario_env("drain") as env:
         out = [await drains(env, plan, "scale", plan.drain_rows, plan.runs, processes=p)
                for p in plan.processes]
         out.append(await drains(env, plan, "big", plan.big_rows, 1))
@@ -126,7 +106,7 @@ async def drain(plan: Plan) -> Figure:
 
 async def pinned(plan: Plan) -> Figure:
     """Back to back, the same size: what a pinned xmin horizon costs a drain."""
-    async with scenario_env("pinned") as env:
+    async with common.scenario_env("pinned") as env:
         return {"drain": [await drains(env, plan, "unpinned", plan.pinned_rows, 1),
                           await drains(env, plan, "pinned", plan.pinned_rows, 1, pinned=True)]}
 
@@ -135,7 +115,7 @@ async def tracing(plan: Plan) -> Figure:
     """Drains of rows with a traceparent each, tracing off and on (every trace sampled and
     exported to a local OTLP receiver), alternating run by run."""
     runs: dict[str, list[Figure]] = {"traced_off": [], "traced_on": []}
-    async with scenario_env("tracing") as env:
+    async with common.scenario_env("tracing") as env:
         with OtlpReceiver() as receiver:
             on = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                   "OTEL_TRACES_SAMPLER": "always_on"}
@@ -150,7 +130,7 @@ async def tracing(plan: Plan) -> Figure:
 
 async def latency(plan: Plan) -> Figure:
     out: list[Figure] = []
-    async with scenario_env("latency") as env:
+    async with common.scenario_env("latency") as env:
         for mode in (DEFAULT_MODE, *plan.other_modes):
             await env.set_mode(mode)
             for rate, conns in plan.latency if mode is DEFAULT_MODE else plan.latency[:1]:
@@ -165,7 +145,7 @@ async def latency(plan: Plan) -> Figure:
 async def producers(plan: Plan) -> Figure:
     out: list[Figure] = []
     for situation in ("backlog", "live"):
-        async with scenario_env(f"prod_{situation}") as env:
+        async with common.scenario_env(f"prod_{situation}") as env:
             out += await producer_rounds(
                 env, situation=situation, modes=(NotifyMode.OFF, DEFAULT_MODE, *plan.other_modes),
                 rounds=plan.producer_rounds, seconds=plan.producer_s,
@@ -176,7 +156,7 @@ async def producers(plan: Plan) -> Figure:
 async def fairness(plan: Plan) -> Figure:
     """Live rows beside a bulk job, with each number of relays."""
     out: list[Figure] = []
-    async with scenario_env("fairness", (LIVE_KEY,)) as env:
+    async with common.scenario_env("fairness", (LIVE_KEY,)) as env:
         for n in plan.fairness_relays:
             runs = await repeat(plan, plan.fairness_runs, f"fairness {n} relay(s)",
                                 lambda n=n: fairness_once(  # type: ignore[misc]
@@ -193,9 +173,8 @@ OWN_REPORTS = {"spark": "bench.spark.run", "compare": "bench.compare"}
 
 
 def own_report(name: str, argv: list[str]) -> str:
-    """A scenario with a report of its own: its module's options beside --out and
-    --quiet-below, its run, and its report under what wrote it, when, where and on what load,
-    into its block of bench/RESULTS.md (or the file --out); returns the report."""
+    """Run a scenario with a report of its own; its report, headed by the command, date, machine
+    and load, goes into its block of bench/RESULTS.md (or the file --out)."""
     module = importlib.import_module(OWN_REPORTS[name])
     started = datetime.now(UTC).isoformat(timespec="seconds")
     load, command = load_before(), shlex.join(["python", "-m", "bench", "--scenario", name,

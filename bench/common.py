@@ -64,9 +64,8 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 @contextmanager
 def private_server() -> Iterator[str]:
-    """A private `initdb` cluster with the server's defaults (autovacuum and fsync on) for every
-    later scenario of this process; one an earlier, killed run left is removed first. The shared
-    server of this machine runs with autovacuum off, which no user's server does."""
+    """A private `initdb` cluster with the server's defaults (autovacuum and fsync on) for the
+    scenarios run meanwhile; one an earlier, killed run left is removed first."""
     global PG_ADMIN_DSN  # noqa: PLW0603 - one setting of the whole run
     for stale in remove_stale("relay-bench-pg-"):
         print(f"removed a cluster an earlier run left: {stale}", flush=True)
@@ -104,13 +103,12 @@ async def channel() -> AsyncIterator[aio_pika.abc.AbstractChannel]:
 @dataclass
 class BenchEnv:
     """One scenario's database (`bench_<tag>_<random>`), exchange and durable queue (and a
-    queue `<queue>-<key>` for each other routing key)."""
+    queue `<queue>-<key>` for each other routing key it was made with)."""
 
     dsn: str
     database: str
     exchange: str
     queue: str
-    keys: tuple[str, ...] = ()
 
     def relay_env(self, **overrides: Any) -> dict[str, str]:
         """The environment of a `relay run` for this scenario: its defaults but these."""
@@ -128,28 +126,29 @@ class BenchEnv:
         await sql(self.dsn, lambda conn: migrate(conn, NAMES, mode))
 
 
-async def create_env(tag: str, keys: tuple[str, ...] = ()) -> BenchEnv:
-    """A new database migrated in the default notify mode, queues bound to a direct exchange."""
+@asynccontextmanager
+async def scenario_env(tag: str, keys: tuple[str, ...] = ()) -> AsyncIterator[BenchEnv]:
+    """A new database migrated in the default notify mode, and queues bound to a direct
+    exchange, all dropped at the end."""
     suffix = f"{tag}_{secrets.token_hex(3)}"
     await sql(PG_ADMIN_DSN, f'CREATE DATABASE "bench_{suffix}"')
     dsn = urlunsplit(urlsplit(PG_ADMIN_DSN)._replace(path=f"/bench_{suffix}"))
-    env = BenchEnv(dsn, f"bench_{suffix}", f"bench-{suffix}-x", f"bench-{suffix}-q", keys)
-    await env.set_mode(DEFAULT_MODE)
-    async with channel() as ch:
-        x = await ch.declare_exchange(env.exchange, aio_pika.ExchangeType.DIRECT, durable=True)
-        for key in (ROUTING_KEY, *keys):
-            queue = env.queue + ("" if key == ROUTING_KEY else f"-{key}")
-            await (await ch.declare_queue(queue, durable=True)).bind(x, key)
-    return env
-
-
-async def drop_env(env: BenchEnv) -> None:
-    """Remove the scenario's database, exchange and queues."""
-    async with channel() as ch:
-        for queue in (env.queue, *(f"{env.queue}-{k}" for k in env.keys)):
-            await ch.queue_delete(queue)
-        await ch.exchange_delete(env.exchange)
-    await sql(PG_ADMIN_DSN, f'DROP DATABASE IF EXISTS "{env.database}" WITH (FORCE)')
+    env = BenchEnv(dsn, f"bench_{suffix}", f"bench-{suffix}-x", f"bench-{suffix}-q")
+    queues = {ROUTING_KEY: env.queue} | {k: f"{env.queue}-{k}" for k in keys}
+    try:
+        await env.set_mode(DEFAULT_MODE)
+        async with channel() as ch:
+            x = await ch.declare_exchange(env.exchange, aio_pika.ExchangeType.DIRECT,
+                                          durable=True)
+            for key, queue in queues.items():
+                await (await ch.declare_queue(queue, durable=True)).bind(x, key)
+        yield env
+    finally:
+        async with channel() as ch:
+            for queue in queues.values():
+                await ch.queue_delete(queue)
+            await ch.exchange_delete(env.exchange)
+        await sql(PG_ADMIN_DSN, f'DROP DATABASE IF EXISTS "{env.database}" WITH (FORCE)')
 
 
 async def insert_backlog(conn: asyncpg.Connection, env: BenchEnv, rows: int,
@@ -195,9 +194,8 @@ async def wait_drained(conn: asyncpg.Connection, env: BenchEnv, rows: int,
 async def relays(env: BenchEnv, n: int, tag: str, *, consume: str = "",
                  extra_env: dict[str, str] | None = None, **settings: Any,
                  ) -> AsyncIterator[Receipts]:
-    """`n` started `relay run` subprocesses at their defaults but `settings` (from RELAY_SRC's
-    checkout when set; logs under log_dir(tag)), and this process consuming the queue
-    `consume`; yields what arrived when (and the relays' pids). Stopped at the end."""
+    """`n` started `relay run`s at their defaults but `settings` (logs under log_dir(tag)), and
+    this process consuming `consume`: yields what arrived when, and the relays' pids."""
     logs, received = log_dir(tag), Receipts()
     command, variables = [RELAY_BIN, "run"], env.relay_env(**settings) | (extra_env or {})
     if RELAY_SRC:
@@ -307,8 +305,7 @@ def load_before() -> list[float]:
 
 
 async def wait_quiet(below: float | None, most_s: float = 120.0) -> None:
-    """Wait (at most `most_s`) until the 1-minute load average is under `below`: a run must
-    not start on the last one's load."""
+    """Wait (at most `most_s`) until the 1-minute load average is under `below`."""
     for _ in range(int(most_s / 2)):
         if below is None or os.getloadavg()[0] < below:
             return

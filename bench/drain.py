@@ -34,10 +34,7 @@ async def drain_once(env: BenchEnv, rows: int, *, processes: int = 1, publisher:
                      pinned: bool = False, extra_env: dict[str, str] | None = None,
                      options_sql: str = "NULL") -> dict[str, Any]:
     """One drain of `rows` rows: msg/s, cores and CPU-seconds per 1,000 messages by group.
-
-    pinned: another session holds a REPEATABLE READ snapshot from before the insert until the
-    drain ends, so no deleted row can be cleaned up meanwhile. extra_env: more of the relays'
-    environment (OTEL_*); options_sql: the rows' options (common.insert_backlog)."""
+    pinned: a REPEATABLE READ snapshot from before the insert is held until the drain ends."""
     conn = await asyncpg.connect(env.dsn)
     holder = await asyncpg.connect(env.dsn)
     try:
@@ -79,18 +76,15 @@ async def bulk_frame_limit(env: BenchEnv, messages: int, batch: int = 500,
     """The relay's bulk publisher alone, no database: `lanes` batches of `batch` in flight."""
     publisher = BulkPublisher(AMQP_URL, publish_timeout_s=60, reconnect_max_s=5)
     await publisher.connect()
-    queue: asyncio.Queue[list[Message]] = asyncio.Queue()
-    for start in range(0, messages, batch):
-        queue.put_nowait([Message(str(uuid.uuid4()), env.exchange, ROUTING_KEY, BODY,
-                                  Properties(), True)
-                          for _ in range(min(batch, messages - start))])
-    confirmed = 0
+    batches = [[Message(str(uuid.uuid4()), env.exchange, ROUTING_KEY, BODY, Properties(), True)
+                for _ in range(min(batch, messages - start))]
+               for start in range(0, messages, batch)]
+    confirmed: list[int] = []
 
     async def lane() -> None:
-        nonlocal confirmed
-        while not queue.empty():
-            result = await publisher.publish(queue.get_nowait())
-            confirmed += len(result.confirmed)
+        while batches:
+            result = await publisher.publish(batches.pop())
+            confirmed.append(len(result.confirmed))
 
     try:
         started = time.perf_counter()
@@ -99,6 +93,6 @@ async def bulk_frame_limit(env: BenchEnv, messages: int, batch: int = 500,
     finally:
         await publisher.close()
     await env.purge()
-    if confirmed != messages:
-        raise RuntimeError(f"bulk limit: {confirmed} of {messages} confirmed")
+    if sum(confirmed) != messages:
+        raise RuntimeError(f"bulk limit: {sum(confirmed)} of {messages} confirmed")
     return {"messages": messages, "seconds": round(seconds, 3), "msg_per_s": messages / seconds}

@@ -1,6 +1,6 @@
 """Commit -> consumer latency, at a fixed commit rate and beside a bulk job (fairness): the
 producers note when each commit returned, this process when each message arrived, on one
-clock; right before each run, the machine's own floor (docs/speed.md)."""
+clock (CLOCK_MONOTONIC)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,16 @@ import json
 import random
 import sys
 import time
-import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aio_pika
 import asyncpg
 
 from bench import common
 from bench.common import (
-    AMQP_URL,
     ROUTING_KEY,
     BenchEnv,
     insert_backlog,
     load_before,
-    percentile,
     relays,
     sql,
     tail_ms,
@@ -39,7 +34,7 @@ async def latency_once(env: BenchEnv, rate: int, seconds: float, *,
     """Producers at `rate` commits/s for `seconds` through one relay; the tail in ms. A
     CHECKPOINT first, so an earlier scenario's writes are not flushed in the middle of it."""
     await sql(env.dsn, "CHECKPOINT")
-    load, floor = load_before(), await measure_floor(env.dsn)
+    load = load_before()
     async with relays(env, 1, "latency", consume=env.queue) as received:
         producer = Producers(env, rate, seconds, connections=connections)
         committed = await producer.run()
@@ -48,14 +43,13 @@ async def latency_once(env: BenchEnv, rate: int, seconds: float, *,
     lat_ms = [(received[k] - t) * 1000 for k, t in committed.items() if t - start >= WARMUP_S]
     return {"rate_per_s": rate, "connections": connections,
             "achieved_per_s": producer.achieved, "messages": len(lat_ms), **tail_ms(lat_ms),
-            "load_before": load, "floor": floor}
+            "load_before": load}
 
 
 async def fairness_once(env: BenchEnv, rows: int, *, relays_n: int) -> dict[str, Any]:
-    """A bulk of `rows` in one transaction drains alone, then again while an application
-    commits one row per transaction at LIVE_RATE from its commit on, to the queue
-    `<queue>-live` consumed here: the live rows' latency while the bulk drained, and the
-    bulk's rate beside them over alone."""
+    """A bulk of `rows` in one transaction drains alone, then again while one-row transactions
+    at LIVE_RATE go to `<queue>-live`, consumed here, from its commit on: their latency while
+    the bulk drained, and the bulk's rate beside them over alone."""
     conn = await asyncpg.connect(env.dsn)
 
     async def bulk(beside: Producers | None = None) -> tuple[float, float]:
@@ -88,34 +82,6 @@ async def fairness_once(env: BenchEnv, rows: int, *, relays_n: int) -> dict[str,
             "load_before_alone": load_alone, "load_before_beside": load_beside}
 
 
-async def measure_floor(dsn: str, samples: int = 200) -> dict[str, Any]:
-    """The machine's own latency now (p50 and p99 ms, one probe after another): a commit on
-    the run's server, a persistent publish's confirm from a durable queue, and how late a
-    1 ms timer wakes."""
-    conn, amqp = await asyncpg.connect(dsn), await aio_pika.connect(AMQP_URL)
-    ch = await amqp.channel(publisher_confirms=True)
-    queue = await ch.declare_queue(f"bench-floor-{uuid.uuid4().hex[:8]}", durable=True)
-    message = aio_pika.Message(b"{}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-    probes: dict[str, Callable[[], Awaitable[Any]]] = {
-        "timer_late": lambda: asyncio.sleep(0.001),
-        "pg_commit": lambda: conn.fetchval("SELECT txid_current()"),
-        "amqp_confirm": lambda: ch.default_exchange.publish(message, routing_key=queue.name)}
-    out = {}
-    try:
-        for name, probe in probes.items():
-            took = []
-            for _ in range(samples):
-                started = time.perf_counter()
-                await probe()
-                took.append((time.perf_counter() - started) * 1000 - (name == "timer_late"))
-            out[name] = {f"p{q}_ms": round(percentile(took, q), 3) for q in (50, 99)}
-        await queue.delete(if_unused=False, if_empty=False)
-    finally:
-        await conn.close()
-        await amqp.close()
-    return out
-
-
 INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) "
           "RETURNING id::text")
 BODY = ('{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
@@ -124,9 +90,8 @@ BODY = ('{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "q
 
 
 class Producers:
-    """Producers in a process of their own (this module's main): `rate` commits a second for
-    `seconds` on `connections`, each on an open-loop Poisson schedule (a commit behind is sent
-    at once); each row's id and the time its commit returned (CLOCK_MONOTONIC)."""
+    """This module's main in a process of its own: `rate` commits a second for `seconds` on
+    `connections`, open-loop Poisson arrivals; each row's id and the time its commit returned."""
 
     def __init__(self, env: BenchEnv, rate: int, seconds: float, *, connections: int,
                  routing_key: str = ROUTING_KEY) -> None:

@@ -41,11 +41,8 @@ def pgbench(dsn: str, script: Path, clients: int, seconds: float) -> float:
 async def producer_rounds(env: BenchEnv, *, situation: str, modes: tuple[NotifyMode, ...],
                           rounds: int, seconds: float, backlog_rows: int,
                           clients: int = 8) -> list[dict[str, Any]]:
-    """`rounds` rounds of every mode (order reversed every other round), one record per run.
-
-    backlog: one relay drains a backlog committed before each run, which starts once it
-    drains (with no trigger only the relay's 0.5 s poll wakes it); live: two relays follow
-    the producers from an empty table. NOTIFYs are counted on a LISTEN connection."""
+    """`rounds` rounds of every mode (order reversed every other round), one record per run;
+    NOTIFYs counted on a LISTEN connection (docs/speed.md: the two situations)."""
     script = log_dir("producers") / "insert.sql"
     script.write_text(PGBENCH_SQL.format(x=env.exchange))
     listen = await asyncpg.connect(env.dsn)

@@ -25,13 +25,6 @@ def _load_of(runs: list[Figure], key: str = "load_before") -> Figure:
     return {"load_before": [r[key][0] for r in runs]}
 
 
-def _by(records: list[Figure], *keys: str) -> dict[tuple[Any, ...], list[Figure]]:
-    out: dict[tuple[Any, ...], list[Figure]] = {}
-    for r in records:
-        out.setdefault(tuple(r[k] for k in keys), []).append(r)
-    return out
-
-
 def summarise(raw: Figure) -> Figure:
     """Medians and spreads of every figure, and the ratios of this run's figures."""
     limits = {k: summary([r["msg_per_s"] for r in v]) for k, v in raw["limits"].items()
@@ -43,11 +36,10 @@ def summarise(raw: Figure) -> Figure:
               for d in raw["drain"]]
     latency = [{k: e[k] for k in ("mode", "rate_per_s", "connections")} | _load_of(e["runs"])
                | _of(e["runs"], ("achieved_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"))
-               | {"floor_p50_ms": {p: summary([r["floor"][p]["p50_ms"] for r in e["runs"]])
-                                   for p in ("pg_commit", "amqp_confirm", "timer_late")}}
                for e in raw["latency"]]
     producers = []
-    for (situation, mode), runs in _by(raw["producers"], "situation", "mode").items():
+    for situation, mode in dict.fromkeys((r["situation"], r["mode"]) for r in raw["producers"]):
+        runs = [r for r in raw["producers"] if (r["situation"], r["mode"]) == (situation, mode)]
         off = {r["round"]: r["tps"] for r in raw["producers"]
                if r["situation"] == situation and r["mode"] == "off"}
         producers.append({"situation": situation, "mode": mode, "tps": summary(
@@ -143,8 +135,7 @@ def targets(s: Figure, mode: str) -> list[tuple[str, float | None, str, bool]]:
 
 
 def render_markdown(report: Figure) -> str:
-    """RESULTS.md's suite block: what ran where, then every figure (docs/speed.md says what
-    each scenario does)."""
+    """RESULTS.md's suite block: what ran where, then every figure."""
     s, m = report["summary"], report["machine"]
     lines = [
         "## The suite", "", "Written by `python -m bench` from results.json beside it.", "",
@@ -174,13 +165,11 @@ def render_markdown(report: Figure) -> str:
     lines += table("path | msg/s", [["bulk-frame publish limit", _range(v)]
                                     for v in s["limits"].values()], "Ceiling")
     lines += table(
-        "mode | commits/s | connections | achieved | p50 | p95 | p99 | max | load before | "
-        "floor p50 ms: commit / confirm / timer",
+        "mode | commits/s | connections | achieved | p50 | p95 | p99 | max | load before",
         [[e["mode"], f"{e['rate_per_s']:,}", e["connections"],
           f"{e['achieved_per_s']['median']:,.0f}",
-          *(_ms(e[k]) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")), _loads(
-              e["load_before"]), " / ".join(f"{e['floor_p50_ms'][p]['median']:.2f}" for p in (
-                  "pg_commit", "amqp_confirm", "timer_late"))] for e in s["latency"]],
+          *(_ms(e[k]) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
+          _loads(e["load_before"])] for e in s["latency"]],
         "Latency, commit → consumer (ms)")
     lines += table(
         "situation | mode | commits/s | ratio to no trigger | NOTIFYs per run | rows left | "

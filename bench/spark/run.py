@@ -1,7 +1,6 @@
 """Spark -> outbox writes: each write_outbox mode against a plain `df.write.jdbc` append of the
-same rows, rounds interleaved; then the whole path (job start to last message consumed) with
-one relay running. `--master standalone` (the default) starts a Spark master and one 2-core
-worker on 127.0.0.1 from the installed pyspark (tests/spark/standalone.py)."""
+same rows, rounds interleaved, then the whole path with one relay running; `--master
+standalone` starts a master and a 2-core worker from the installed pyspark."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import create_env, drop_env, load_before, sql, wait_quiet
+from bench.common import load_before, scenario_env, sql, wait_quiet
 from relay.spark import outbox_id, session, write_outbox
 from relay.spark.dsn import jdbc_target
 
@@ -58,9 +57,7 @@ async def whole_path(spark: Any, env: common.BenchEnv, rows: int) -> float:
 async def writes_and_path(args: argparse.Namespace, facts: dict[str, Any],
                           ) -> tuple[list[Any], float]:
     """Every write of every round on a database of its own; (writes, whole-path seconds)."""
-    env = await create_env("spark")
-    cluster = None
-    master = args.master
+    cluster, master = None, args.master
     if master == "standalone":
         from tests.spark.standalone import Standalone
 
@@ -74,26 +71,26 @@ async def writes_and_path(args: argparse.Namespace, facts: dict[str, Any],
     facts |= {"session_s": time.monotonic() - t0, "pyspark": spark.version}
     modes, writes = args.modes.split(","), []
     try:
-        df = frame(spark, args.rows, "bench", "w")
-        plain_append(frame(spark, 10_000, "bench", "warm"), env.dsn)  # JIT and driver warm-up
-        for r in range(args.rounds):
-            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # rotated each round
-                await sql(env.dsn, "TRUNCATE queue_message", "CHECKPOINT")
-                await wait_quiet(args.quiet_below)
-                load, started = load_before(), time.monotonic()
-                plain_append(df, env.dsn) if mode == "plain" else write_outbox(
-                    df, dsn=env.dsn, mode=mode)
-                seconds = time.monotonic() - started
-                writes.append({"round": r + 1, "mode": mode, "rows_per_s": args.rows / seconds,
-                               "seconds": seconds, "load_before": load})
-                print(writes[-1], flush=True)
-        await sql(env.dsn, "TRUNCATE queue_message")
-        path_s = await whole_path(spark, env, args.path_rows) if args.path_rows else 0.0
+        async with scenario_env("spark") as env:
+            df = frame(spark, args.rows, "bench", "w")
+            plain_append(frame(spark, 10_000, "bench", "warm"), env.dsn)  # JIT, driver warm-up
+            for r in range(args.rounds):
+                for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # rotated
+                    await sql(env.dsn, "TRUNCATE queue_message", "CHECKPOINT")
+                    await wait_quiet(args.quiet_below)
+                    load, started = load_before(), time.monotonic()
+                    plain_append(df, env.dsn) if mode == "plain" else write_outbox(
+                        df, dsn=env.dsn, mode=mode)
+                    seconds = time.monotonic() - started
+                    writes.append({"round": r + 1, "mode": mode, "seconds": seconds,
+                                   "rows_per_s": args.rows / seconds, "load_before": load})
+                    print(writes[-1], flush=True)
+            await sql(env.dsn, "TRUNCATE queue_message")
+            path_s = await whole_path(spark, env, args.path_rows) if args.path_rows else 0.0
     finally:
         spark.stop()
         if cluster is not None:
             cluster.stop()
-        await drop_env(env)
     return writes, path_s
 
 

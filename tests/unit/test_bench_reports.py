@@ -47,22 +47,16 @@ def test_a_report_of_its_own__names_command_date_machine_and_load(
         bench_main.own_report("example", ["--out", str(out)])
 
 
-def test_a_comparison__shows_the_machines_floor_beside_each_run_and_the_drains_ratio() -> None:
-    measured = {"pg_commit": {"p50_ms": 0.13, "p99_ms": 3.0},
-                "amqp_confirm": {"p50_ms": 1.04, "p99_ms": 6.6},
-                "timer_late": {"p50_ms": 0.09, "p99_ms": 0.2}}
-    with_floor = {**_latency("after", 1000, 4.0), "floor": measured}
-
+def test_a_comparison__every_run_then_the_medians_and_the_drains_ratio_run_by_run() -> None:
     def drain(build: str, run: int, rate: float) -> dict[str, object]:
         return {"build": build, "run": run, "rows": 1000, "seconds": round(1000 / rate, 3),
                 "msg_per_s": rate, "load_before": [0.4, 0.3, 0.2]}
 
-    lines = compare.report([_latency("before", 1000, 5.0), with_floor],
+    lines = compare.report([_latency("before", 1000, 5.0), _latency("after", 1000, 4.0)],
                            [drain("before", 1, 100.0), drain("after", 1, 150.0),
                             drain("before", 2, 200.0), drain("after", 2, 100.0),
                             drain("before", 3, 100.0)])
-    assert lines[3].endswith("| 0.13 / 1.04 / 0.09 |")
-    assert lines[2].endswith("| - |")  # a run recorded without a floor says so
+    assert lines[2] == "| before | 1000 | 4 | 1 | 5.0 | 10.0 | 15.0 | 1000 | [0.5, 0.5, 0.5] |"
     assert "| 1000 | after | 4.00 | 12.00 |" in lines
     assert "| 1 | before | 1,000 | 10.0 | 100 | 0.4 |" in lines
     # Run 3 has no "after": no ratio of it.
