@@ -55,7 +55,7 @@ class Plan:
     fairness_rows: int
     fairness_relays: tuple[int, ...]
     fairness_runs: int
-    quiet_below: float | None  # before each run, wait (<= 2 min) for the load to fall under it
+    quiet_below: float | None  # before each run, wait (<= 5 min) for the load to fall under it
     other_modes: tuple[NotifyMode, ...]  # beside the default, labelled
 
 
@@ -160,7 +160,8 @@ async def fairness(plan: Plan) -> Figure:
         for n in plan.fairness_relays:
             runs = await repeat(plan, plan.fairness_runs, f"fairness {n} relay(s)",
                                 lambda n=n: fairness_once(  # type: ignore[misc]
-                                    env, plan.fairness_rows, relays_n=n))
+                                    env, plan.fairness_rows, relays_n=n,
+                                    quiet_below=plan.quiet_below))
             out.append({"relays": n, "rows": plan.fairness_rows, "live_rate_per_s": LIVE_RATE,
                         "runs": runs})
     return {"fairness": out}
@@ -184,7 +185,7 @@ def own_report(name: str, argv: list[str]) -> str:
     parser.add_argument("--out", type=Path, help="a file of its own (default: its block of "
                         "bench/RESULTS.md)")
     parser.add_argument("--quiet-below", type=float, default=1.0, help="before each run, wait "
-                        "(<= 2 min) for the 1-minute load average to fall under this")
+                        "(<= 5 min) for the 1-minute load average to fall under this")
     module.options(parser)
     args = parser.parse_args(argv)
     title, details, body = module.measure(args)

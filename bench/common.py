@@ -1,5 +1,4 @@
-"""What every scenario shares: a database, exchange and queue of its own, backlogs, `relay run`
-subprocesses, CPU from /proc, the load average, and the blocks of the results file."""
+"""What the scenarios share: databases and queues, backlogs, relays, CPU, the results file."""
 
 from __future__ import annotations
 
@@ -304,7 +303,7 @@ def load_before() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-async def wait_quiet(below: float | None, most_s: float = 120.0) -> None:
+async def wait_quiet(below: float | None, most_s: float = 300.0) -> None:
     """Wait (at most `most_s`) until the 1-minute load average is under `below`."""
     for _ in range(int(most_s / 2)):
         if below is None or os.getloadavg()[0] < below:

@@ -23,6 +23,7 @@ from bench.common import (
     sql,
     tail_ms,
     wait_drained,
+    wait_quiet,
 )
 
 WARMUP_S = 1.0  # left out of the percentiles: connections and prepared statements start
@@ -46,7 +47,8 @@ async def latency_once(env: BenchEnv, rate: int, seconds: float, *,
             "load_before": load}
 
 
-async def fairness_once(env: BenchEnv, rows: int, *, relays_n: int) -> dict[str, Any]:
+async def fairness_once(env: BenchEnv, rows: int, *, relays_n: int,
+                        quiet_below: float | None) -> dict[str, Any]:
     """A bulk of `rows` in one transaction drains alone, then again while one-row transactions
     at LIVE_RATE go to `<queue>-live`, consumed here, from its commit on: their latency while
     the bulk drained, and the bulk's rate beside them over alone."""
@@ -69,6 +71,7 @@ async def fairness_once(env: BenchEnv, rows: int, *, relays_n: int) -> dict[str,
             alone_s = end - start
             live = Producers(env, LIVE_RATE, alone_s * 1.5 + 2, connections=1,
                              routing_key=LIVE_KEY)
+            await wait_quiet(quiet_below)  # the drain alone just loaded the machine
             load_beside = load_before()
             start, end = await bulk(live)
     finally:

@@ -1,5 +1,4 @@
-"""The suite's figures from its raw runs (medians, spreads, the ratios the targets are stated
-in) and the two texts written from them: RESULTS.md's suite block and README's figures."""
+"""The suite's medians, spreads and ratios from its raw runs; RESULTS.md's and README's blocks."""
 
 from __future__ import annotations
 

@@ -133,5 +133,5 @@ def measure(args: argparse.Namespace) -> tuple[str, list[str], list[str]]:
         "PostgreSQL: a private initdb cluster with the server's defaults",
         f"{args.rows:,} rows of about 200 bytes per write, {args.rounds} rounds, the order of "
         f"the modes rotated each round, each write after the load average fell under "
-        f"{args.quiet_below} (or 2 min); `plain` = to_json + `df.write.jdbc` append (what teams "
+        f"{args.quiet_below} (or 5 min); `plain` = to_json + `df.write.jdbc` append (what teams "
         "hand-roll), the other modes `write_outbox(mode=...)`"], lines
