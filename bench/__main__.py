@@ -67,8 +67,7 @@ SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5, 1, 1.0, 10_000, 
 
 async def repeat(plan: Plan, runs: int, label: str,
                  once: Callable[[], Awaitable[Figure]]) -> list[Figure]:
-    """`runs` runs of a scenario, each once the machine is quiet, with the load average before
-    it, printed as it comes."""
+    """`runs` runs, each once the machine is quiet, with the load before it, printed as it comes."""
     out = []
     for i in range(runs):
         await common.wait_quiet(plan.quiet_below)
@@ -112,8 +111,7 @@ async def pinned(plan: Plan) -> Figure:
 
 
 async def tracing(plan: Plan) -> Figure:
-    """Drains of rows with a traceparent each, tracing off and on (every trace sampled and
-    exported to a local OTLP receiver), alternating run by run."""
+    """Drains of traced rows, tracing off and on (all sampled, to an OTLP receiver), alternating."""
     runs: dict[str, list[Figure]] = {"traced_off": [], "traced_on": []}
     async with common.scenario_env("tracing") as env:
         with OtlpReceiver() as receiver:
@@ -174,8 +172,7 @@ OWN_REPORTS = {"spark": "bench.spark.run", "compare": "bench.compare"}
 
 
 def own_report(name: str, argv: list[str]) -> str:
-    """Run a scenario with a report of its own; its report, headed by the command, date, machine
-    and load, goes into its block of bench/RESULTS.md (or the file --out)."""
+    """A scenario's own report, headed by command, date, machine, load: into RESULTS.md or --out."""
     module = importlib.import_module(OWN_REPORTS[name])
     started = datetime.now(UTC).isoformat(timespec="seconds")
     load, command = load_before(), shlex.join(["python", "-m", "bench", "--scenario", name,
@@ -282,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     common.LOGS = (out / "logs") if args.smoke else None
     command = shlex.join(["python", "-m", "bench", *args_in])
-    started, load = time.monotonic(), load_before()
+    load = load_before()
     shared = args.server == "shared" or (args.smoke and args.server is None)
     ran: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -306,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "smoke" if args.smoke else "full", "notify_mode": DEFAULT_MODE.value,
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "command": command,
         "machine": common.machine(), "load_before": load, "versions": server_versions,
-        "plan": dataclasses.asdict(plan), "elapsed_s": time.monotonic() - started,
         "scenarios": scenarios | ran}, args.update_readme)
     return 0
 

@@ -32,7 +32,10 @@ RELAY_SRC = ""  # another checkout to run the relay from (bench/compare.py's "be
 DEFAULT_MODE: NotifyMode = Settings.model_fields["notify"].default  # what `relay migrate` installs
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 ROUTING_KEY = "rk"
-# ~200 bytes of JSON per row, of the series number `g`.
+# ~200 bytes of JSON: one message's body (BODY), and each backlog row's, of its number `g`.
+BODY = ('{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
+        '"amount_cents": 45678, "currency": "EUR", "note": "' + "x" * 64 + '", '
+        '"created": "2026-01-01T00:00:00Z"}')
 BODY_SQL = (
     "jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % 977), "
     "'sku', 'SKU-' || lpad((g % 100000)::text, 6, '0'), 'qty', g % 7 + 1, "

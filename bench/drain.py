@@ -13,6 +13,7 @@ import asyncpg
 
 from bench.common import (
     AMQP_URL,
+    BODY,
     ROUTING_KEY,
     BenchEnv,
     cpu_s,
@@ -66,17 +67,13 @@ async def drain_once(env: BenchEnv, rows: int, *, processes: int = 1, publisher:
             "cpu_cores": cpu, "cpu_s_per_1k_msgs": per_1k, "load_before": load}
 
 
-BODY = (b'{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
-        b'"amount_cents": 45678, "currency": "EUR", "note": "' + b"x" * 64 + b'", '
-        b'"created": "2026-01-01T00:00:00Z"}')
-
-
 async def bulk_frame_limit(env: BenchEnv, messages: int, batch: int = 500,
                            lanes: int = 3) -> dict[str, Any]:
     """The relay's bulk publisher alone, no database: `lanes` batches of `batch` in flight."""
     publisher = BulkPublisher(AMQP_URL, publish_timeout_s=60, reconnect_max_s=5)
     await publisher.connect()
-    batches = [[Message(str(uuid.uuid4()), env.exchange, ROUTING_KEY, BODY, Properties(), True)
+    body = BODY.encode()
+    batches = [[Message(str(uuid.uuid4()), env.exchange, ROUTING_KEY, body, Properties(), True)
                 for _ in range(min(batch, messages - start))]
                for start in range(0, messages, batch)]
     confirmed: list[int] = []

@@ -15,6 +15,7 @@ import asyncpg
 
 from bench import common
 from bench.common import (
+    BODY,
     ROUTING_KEY,
     BenchEnv,
     insert_backlog,
@@ -87,9 +88,6 @@ async def fairness_once(env: BenchEnv, rows: int, *, relays_n: int,
 
 INSERT = ("INSERT INTO queue_message (exchange, routing_key, content) VALUES ($1, $2, $3::jsonb) "
           "RETURNING id::text")
-BODY = ('{"order_id": 123456, "customer": "customer-12", "sku": "SKU-012345", "qty": 3, '
-        '"amount_cents": 45678, "currency": "EUR", "note": "' + "x" * 64 + '", '
-        '"created": "2026-01-01T00:00:00Z"}')
 
 
 class Producers:

@@ -133,17 +133,24 @@ def targets(s: Figure, mode: str) -> list[tuple[str, float | None, str, bool]]:
             for name, v, op, bound in rows]
 
 
+def runs(report: Figure) -> str:
+    """Each command that ran scenarios of this report: when, which, the load as each began."""
+    by: dict[str, list[tuple[str, Figure]]] = {}
+    for name, e in report["scenarios"].items():
+        by.setdefault(e["command"], []).append((name, e))
+    return "; ".join(
+        f"`{cmd}` from {min(e['date'] for _, e in es)[:16].replace('T', ' ')} UTC "
+        f"({', '.join(n for n, _ in es)}; load average as each began "
+        f"{_loads([e['load_before'][0] for _, e in es])})" for cmd, es in by.items())
+
+
 def render_markdown(report: Figure) -> str:
     """RESULTS.md's suite block: what ran where, then every figure."""
     s, m = report["summary"], report["machine"]
     lines = [
         "## The suite", "", "Written by `python -m bench` from results.json beside it.", "",
-        f"- date: {report['date']}  ·  run: {report['mode']}  ·  wall time: "
-        f"{report['elapsed_s']:.0f} s", f"- command: `{report['command']}`",
-        "- scenarios: " + "; ".join(
-            f"{name} {e['date'][:16].replace('T', ' ')} UTC ({e['mode']}, load before "
-            f"{e['load_before'][0]:.1f}, `{e['command']}`)"
-            for name, e in report["scenarios"].items()),
+        f"- runs: {runs(report)}; results.json last written {report['date']} by the "
+        f"command: `{report['command']}`",
         f"- notify mode: **{report['notify_mode']}** (the default) unless a row says otherwise",
         f"- machine: {m['cpu']}, nproc {m['nproc']}, {m['memory_gb']} GB, Linux {m['kernel']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
@@ -192,13 +199,13 @@ def render_readme_block(report: Figure) -> str:
     s, m = report["summary"], report["machine"]
     r, head = s["ratios"], s["headline"]
     pinned = next(d for d in s["drain"] if d["pinned"])
-    lines = [f"`{report['command']}`, {report['date'][:16].replace('T', ' ')} UTC, nproc "
-             f"{m['nproc']}, {m['memory_gb']} GB, load average before the suite "
-             f"{report['load_before'][0]:.1f} (before each run: bench/RESULTS.md); notify mode "
-             f"`{report['notify_mode']}` (the default) unless marked.", "",
+    big = next(d for d in s["drain"] if d["kind"] == "big")
+    lines = [f"{runs(report)}; nproc {m['nproc']}, {m['memory_gb']} GB (the load average before "
+             f"each run: bench/RESULTS.md); notify mode `{report['notify_mode']}` (the default) "
+             "unless marked.", "",
              f"- Drain, one `relay run`: {head['msg_per_s']['median']:,.0f} msg/s = "
              f"{r['relay_1p_vs_bulk_frame_limit']}x the bulk-frame publish limit of the same "
-             f"run; a {report['plan']['big_rows']:,}-row backlog at {r['big_backlog_vs_small']}x "
+             f"run; a {big['rows']:,}-row backlog at {r['big_backlog_vs_small']}x "
              f"the {head['rows']:,}-row rate.",
              f"- A {pinned['rows']:,}-row drain while another session pins the xmin horizon: "
              f"{pinned['msg_per_s']['median']:,.0f} msg/s = {r['pinned_horizon_vs_unpinned']}x "
