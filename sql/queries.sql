@@ -928,14 +928,32 @@ RETURNING slot
 -- name: stream_slot_release
 UPDATE {stream_slots} SET owner = NULL, lease_until = '-infinity' WHERE slot = $2 AND owner = $1
 
--- name: stream_slot_streams
--- The streams slot $1 has rows assigned in (what a new owner asks the broker about).
-SELECT DISTINCT stream FROM {stream_table} WHERE slot = $1
+-- name: stream_identity
+-- What names this outbox's stream producers (docs/streams.md, "Producer names"): the cluster's
+-- system identifier, the database's oid and the stream table's. A physical copy (a standby, a
+-- restore of a base backup) has all three, so a failover keeps the names and the broker's
+-- deduplication; a logical copy (CREATE DATABASE ... TEMPLATE, pg_dump and restore) or another
+-- schema's table has another.
+SELECT concat_ws('/', (SELECT system_identifier FROM pg_control_system()),
+                 (SELECT oid FROM pg_database WHERE datname = current_database()),
+                 {stream_literal}::regclass::oid)
+
+-- name: stream_last_given
+-- The last publishing id given in slot $1 for stream $2 (0: none).
+SELECT coalesce((SELECT last_id FROM {stream_seq} WHERE slot = $1 AND stream = $2), 0)
+
+-- name: stream_legacy_of
+-- The last publishing id given in slot $1 for stream $2 under the slot's old producer name
+-- (sql/migrations/0022); NULL when the old name was never used there, or is done with.
+SELECT last_id FROM {stream_legacy} WHERE slot = $1 AND stream = $2
+
+-- name: stream_legacy_done
+DELETE FROM {stream_legacy} WHERE slot = $1 AND stream = $2
 
 -- name: stream_settle_stored
--- Takeover: rows of slot $1 in stream $2 at or below the broker's last stored publishing id
--- ($3) were written by the previous owner: delete them without sending; and never give an id
--- at or below it again.
+-- Rows of slot $1 in stream $2 at or below the broker's last stored publishing id ($3), when
+-- the broker's mark is one this database gave: the broker stored them (their owner died before
+-- deleting them). Delete them without sending; and never give an id at or below it again.
 WITH done AS (
     DELETE FROM {stream_table} WHERE slot = $1 AND stream = $2 AND publishing_id <= $3
     RETURNING 1
@@ -945,12 +963,38 @@ WITH done AS (
 )
 SELECT count(*)::int FROM done
 
+-- name: stream_send_again
+-- The broker's mark for slot $1 in stream $2 ($3) is above any id the database ever gave there
+-- (a restore, a failover to a standby that lagged, an old name two outboxes shared): which of
+-- the slot's rows at or below $4 the broker stored cannot be told. They lose their ids and are
+-- sent again with new ones above the mark (a duplicate at worst, never a loss); ids given from
+-- now on start above the mark. How many rows.
+WITH again AS (
+    UPDATE {stream_table} SET slot = NULL, publishing_id = NULL
+    WHERE slot = $1 AND stream = $2 AND publishing_id <= $4
+    RETURNING 1
+), seq AS (
+    INSERT INTO {stream_seq} (slot, stream, last_id) VALUES ($1, $2, $3)
+    ON CONFLICT (slot, stream) DO UPDATE SET last_id = greatest({stream_seq}.last_id, $3)
+)
+SELECT count(*)::int FROM again
+
+-- name: stream_unsynced
+-- Streams of the next $1 rows without a slot that are not in $2 (the streams whose broker mark
+-- the slot knows, and those waiting): what the slot asks the broker about before it gives ids.
+SELECT DISTINCT stream FROM (
+    SELECT stream FROM {stream_table}
+    WHERE slot IS NULL AND stream <> ALL ($2::text[]) ORDER BY seq LIMIT $1
+) AS next
+
 -- name: stream_assign
 -- Give up to $2 rows without a slot to slot $1, each stream's rows the next publishing ids of
--- (slot, stream) in row order; in a transaction that renewed the slot's lease first.
+-- (slot, stream) in row order; only rows of the streams in $3, whose broker mark the slot
+-- knows (ids are given above it); in a transaction that renewed the slot's lease first.
 WITH picked AS (
     SELECT id, stream, seq FROM {stream_table}
-    WHERE slot IS NULL ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
+    WHERE slot IS NULL AND stream = ANY ($3::text[])
+    ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
 ), numbered AS (
     SELECT id, stream, row_number() OVER (PARTITION BY stream ORDER BY seq) AS n FROM picked
 ), counts AS (

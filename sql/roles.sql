@@ -76,6 +76,8 @@ GRANT SELECT, DELETE ON {stream_table} TO {relay_role};
 GRANT UPDATE (slot, publishing_id) ON {stream_table} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE ON {stream_slots}, {stream_seq} TO {relay_role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {stream_relays} TO {relay_role};
+-- What the slots' old producer names were used for (0022): read and done with at a takeover.
+GRANT SELECT, DELETE ON {stream_legacy} TO {relay_role};
 -- Rows that can never be sent are parked and replayed through definer functions (0020): no
 -- INSERT on the parked rows' table, whose rows replay turns back into messages.
 REVOKE INSERT, UPDATE ON {stream_dead} FROM {relay_role};

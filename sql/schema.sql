@@ -780,6 +780,12 @@ ALTER TABLE public.queue_message_stream_dead ALTER COLUMN dead_id ADD GENERATED 
     CACHE 1
 );
 
+CREATE TABLE public.queue_message_stream_legacy (
+    slot integer NOT NULL,
+    stream text NOT NULL,
+    last_id bigint NOT NULL
+);
+
 CREATE TABLE public.queue_message_stream_relays (
     relay text NOT NULL,
     seen_at timestamp with time zone NOT NULL
@@ -823,6 +829,9 @@ ALTER TABLE ONLY public.queue_message
 
 ALTER TABLE ONLY public.queue_message_stream_dead
     ADD CONSTRAINT queue_message_stream_dead_pkey PRIMARY KEY (dead_id);
+
+ALTER TABLE ONLY public.queue_message_stream_legacy
+    ADD CONSTRAINT queue_message_stream_legacy_pkey PRIMARY KEY (slot, stream);
 
 ALTER TABLE public.queue_message_stream
     ADD CONSTRAINT queue_message_stream_name_servable CHECK (((strpos(stream, chr(13)) = 0) AND (strpos(stream, chr(10)) = 0) AND ("left"(stream, 4) <> 'amq.'::text))) NOT VALID;

@@ -74,28 +74,62 @@ class StreamStore:
         with translated("releasing a stream slot"):
             await self._conn.execute(self.q["stream_slot_release"], self.owner, slot)
 
-    async def streams_of(self, slot: int) -> list[str]:
-        """Streams the slot has rows assigned in."""
-        with translated("reading a slot's streams"):
-            return [r["stream"] for r in await self._conn.fetch(self.q["stream_slot_streams"],
-                                                                 slot)]
+    async def identity(self) -> str:
+        """What tells this outbox from any other for producer names: the cluster's system
+        identifier, the database's oid and the stream table's, as one text."""
+        with translated("reading the outbox's identity"):
+            return str(await self._conn.fetchval(self.q["stream_identity"]))
+
+    async def last_given(self, slot: int, stream: str) -> int:
+        """The last publishing id given in `slot` for `stream` (0: none)."""
+        with translated("reading the last publishing id given"):
+            return int(await self._conn.fetchval(self.q["stream_last_given"], slot, stream))
+
+    async def legacy_of(self, slot: int, stream: str) -> int | None:
+        """The last publishing id given in `slot` for `stream` under the slot's old producer
+        name (sql/migrations/0022); None when there is none to settle."""
+        with translated("reading the old producer name's ids"):
+            value = await self._conn.fetchval(self.q["stream_legacy_of"], slot, stream)
+        return None if value is None else int(value)
+
+    async def legacy_done(self, slot: int, stream: str) -> None:
+        """The old producer name's rows of (slot, stream) are settled or sent again."""
+        with translated("forgetting the old producer name's ids"):
+            await self._conn.execute(self.q["stream_legacy_done"], slot, stream)
 
     async def settle_stored(self, slot: int, stream: str, last_stored: int) -> int:
-        """Delete the slot's rows the broker already stored (ids at or below `last_stored`);
-        how many."""
+        """Delete the slot's rows the broker already stored (ids at or below `last_stored`),
+        and give no id at or below it again; how many."""
         with translated("settling rows the broker stored"):
             return int(await self._conn.fetchval(self.q["stream_settle_stored"], slot, stream,
                                                  last_stored))
 
-    async def assign(self, slot: int, lease_s: float, limit: int) -> int | None:
-        """Give up to `limit` unassigned rows to the slot, in a transaction that first renews
-        its lease; how many (None: the lease was lost, nothing assigned)."""
+    async def send_again(self, slot: int, stream: str, mark: int, up_to: int) -> int:
+        """The slot's rows in `stream` with ids at or below `up_to` lose their ids (sent again
+        with new ones), and no id at or below `mark` is given again; how many rows."""
+        with translated("giving rows new publishing ids"):
+            return int(await self._conn.fetchval(self.q["stream_send_again"], slot, stream,
+                                                 mark, up_to))
+
+    async def unsynced(self, known: list[str], limit: int) -> list[str]:
+        """Streams of the next `limit` rows without a slot, other than `known`."""
+        with translated("reading the streams of rows to assign"):
+            return [r["stream"] for r in await self._conn.fetch(self.q["stream_unsynced"],
+                                                                 limit, known)]
+
+    async def assign(self, slot: int, lease_s: float, limit: int,
+                     streams: list[str]) -> int | None:
+        """Give up to `limit` unassigned rows of `streams` to the slot, in a transaction that
+        first renews its lease; how many (None: the lease was lost, nothing assigned)."""
         with translated("assigning publishing ids"):
             async with self._conn.transaction():
                 if await self._conn.fetchval(self.q["stream_slot_renew"], self.owner, slot,
                                              float(lease_s)) is None:
                     return None
-                return len(await self._conn.fetch(self.q["stream_assign"], slot, limit))
+                if not streams:
+                    return 0
+                return len(await self._conn.fetch(self.q["stream_assign"], slot, limit,
+                                                  streams))
 
     async def assigned(self, slot: int, limit: int) -> list[StreamRow]:
         """The slot's rows to send, in publishing id order per stream, `limit` of each."""

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rstream import AMQPMessage, ConfirmationStatus, Producer, Properties
+from rstream import AMQPMessage, ConfirmationStatus, Producer, Properties, schema
 from rstream.exceptions import (
     AccessRefused,
     LeaderNotAvailable,
@@ -87,6 +87,11 @@ CONNECT_TIMEOUT_S = 10.0
 # The stream an idle slot asks the broker about (SlotProducer.check); it need not exist.
 LINK_CHECK_STREAM = "outbox-relay-link-check"
 CLOSE_TIMEOUT_S = 15.0
+
+
+# The stream protocol's response codes that answer a publisher sequence query.
+RESPONSE_OK = 1
+RESPONSE_STREAM_DOES_NOT_EXIST = 2
 
 
 class StreamGone(BrokerError):
@@ -161,6 +166,7 @@ class SlotProducer:
         self.frame_max = 0  # known once started
         self.silent_sends = 0  # sends in a row the broker did not answer at all
         self.heard_at = time.monotonic()  # when the broker last answered on this connection
+        self.synced: set[str] = set()
         self._server = server
         self._asked_frame_max = frame_max
         self._producer = self._client()
@@ -180,6 +186,9 @@ class SlotProducer:
             self.frame_max = int((await self._producer.default_client).frame_max)
         self.silent_sends = 0  # a new connection
         self.heard_at = time.monotonic()
+        # Streams whose mark the slot asked the broker for on this connection (worker._sync):
+        # asked again on each new one.
+        self.synced.clear()
 
     async def start_afresh(self, stream: str) -> None:
         """A new client after a stream refused its publisher or messages: rstream may keep a
@@ -232,11 +241,24 @@ class SlotProducer:
         self.silent_sends = 0
         self.heard_at = time.monotonic()
 
-    async def last_stored(self, stream: str) -> int:
-        """The highest publishing id the broker stored for this producer name in `stream`
-        (0: none)."""
+    async def last_stored(self, stream: str, name: str | None = None) -> int:
+        """The highest publishing id the broker stored for this producer name (or `name`) in
+        `stream`: 0 when none, or when the stream does not exist (a stream's marks live in the
+        stream: one made again starts with none). StreamGone when the broker cannot tell (no
+        leader, this user may not use the stream): ids given without it might be at or below
+        it. The client's own query returns 0 for any refusal."""
         client = await self._producer.default_client
-        return int(await client.query_publisher_sequence(stream=stream, reference=self.name))
+        answer = await client.sync_request(
+            schema.QueryPublisherSequence(client._corr_id_seq.next(),
+                                          publisher_ref=name or self.name, stream=stream),
+            resp_schema=schema.QueryPublisherSequenceResponse, raise_exception=False)
+        self.heard_at = time.monotonic()
+        if answer.response_code == RESPONSE_OK:
+            return int(answer.sequence)
+        if answer.response_code == RESPONSE_STREAM_DOES_NOT_EXIST:
+            return 0
+        raise StreamGone(f"stream {stream!r}: the broker cannot tell the last publishing id it "
+                         f"stored (response code {answer.response_code})")
 
     async def send(self, stream: str, rows: Sequence[Outgoing], timeout_s: float) -> SendResult:
         """Publish `rows` (ascending publishing ids) and wait for every answer, at most

@@ -3,17 +3,22 @@
 Each relay with RELAY_STREAMS=true runs one. It notes itself alive, takes free slots up to its
 share (slots / stream relays alive), and for each slot it owns runs one loop:
 
-1. on taking the slot: for each stream the slot has rows in, ask the broker for the highest
-   publishing id it stored for the slot's producer name; delete those rows unsent (the previous
-   owner sent them and died before deleting);
-2. renew the lease and give unassigned rows the slot's next publishing ids, in one committed
-   transaction;
+1. before the slot gives ids in a stream or sends to it on a connection, it asks the broker for
+   the highest publishing id it stored for the slot's producer name there (its mark, _sync):
+   when the database gave that id, the slot's rows at or below it were stored (their sender
+   died before deleting them) and are deleted unsent; when the mark is above every id the
+   database gave (a restore, a failover to a standby that lagged), those rows are sent again
+   with new ids; either way no id at or below the mark is given again;
+2. renew the lease and give unassigned rows of streams whose mark it knows the slot's next
+   publishing ids, in one committed transaction;
 3. send the slot's rows in publishing id order, per stream; delete what the broker confirmed
    (a duplicate is confirmed and not written); rows it refused get new ids; rows it did not
    answer are sent again, same ids, at the next round; a row too large for any publish frame
    is parked in the stream dead letters with its reason, never sent.
 
-A lost lease stops the slot's loop at once; the new owner starts at step 1.
+A lost lease stops the slot's loop at once; the new owner starts at step 1. A slot's producer
+is named after the outbox (`<table>-<identity>-<slot>`, producer_name): two outboxes writing to
+one stream never share a name, so never the broker's mark.
 
 A slot with nothing to send looks again soon, less often the longer it stays so (at most every
 IDLE_MAX_S); after IDLE_CHECK_S without a word from the broker it asks the broker something, and
@@ -39,6 +44,7 @@ import structlog
 
 from relay.errors import RelayError
 from relay.pg.streams import StreamRow, StreamStore
+from relay.streams.marks import old_producer_name, producer_name, sync
 from relay.streams.producer import (
     SILENT_SENDS,
     Outgoing,
@@ -240,18 +246,22 @@ class StreamWorker:
         """One slot's loop, from takeover until the lease is lost or the task cancelled."""
         cfg = self.config
         store: StreamStore | None = None
-        producer = SlotProducer(cfg.server, f"{cfg.producer_prefix}-{slot}")
+        producer: SlotProducer | None = None
         try:
             store = await self._open_store()
+            identity = await store.identity()
+            producer = SlotProducer(cfg.server, producer_name(cfg.producer_prefix, identity,
+                                                              slot))
             await producer.start()
-            await self._take_over(store, producer, slot)
             idle = cfg.idle_s
             while True:
-                assigned = await store.assign(slot, cfg.lease_s, cfg.batch)
+                await self._sync_unassigned(store, producer, slot)
+                assigned = await store.assign(slot, cfg.lease_s, cfg.batch,
+                                              sorted(producer.synced))
                 if assigned is None:
                     log.warning("stream_slot_lease_lost", slot=slot)
                     return
-                rows = await store.assigned(slot, cfg.batch)
+                rows = await self._sendable(store, producer, slot)
                 if rows:
                     await self._awake()
                     if await self._send(store, producer, rows):
@@ -273,24 +283,50 @@ class StreamWorker:
             log.error("stream_slot_failed", slot=slot, error=repr(exc), exc_info=True)
             await asyncio.sleep(1.0)
         finally:
-            with contextlib.suppress(Exception):
-                await producer.close()
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await producer.close()
             if store is not None:
                 with contextlib.suppress(Exception):
                     await store.release(slot)
                 with contextlib.suppress(Exception):
                     await store.close()
 
-    @staticmethod
-    async def _take_over(store: StreamStore, producer: SlotProducer, slot: int) -> None:
-        """Step 1: delete the slot's rows the broker stored before (sent by the previous owner,
-        which died before deleting them)."""
-        for stream in await store.streams_of(slot):
-            last = await producer.last_stored(stream)
-            settled = await store.settle_stored(slot, stream, last)
-            if settled:
-                log.info("stream_rows_stored_before", slot=slot, stream=stream,
-                         last_publishing_id=last, rows=settled)
+    def _paused(self) -> set[str]:
+        """Streams in their pause now (they took no message, or their mark was unknown)."""
+        now = time.monotonic()
+        return {stream for stream, wait in self._waiting.items() if now < wait.retry_at}
+
+    async def _sync_unassigned(self, store: StreamStore, producer: SlotProducer,
+                               slot: int) -> None:
+        """Step 1 for the streams of the rows the slot may assign next: ids are given only in
+        streams whose mark the slot knows on this connection (a stream whose mark the broker
+        cannot tell keeps its rows unassigned, in its pause)."""
+        known = sorted(producer.synced | self._paused())
+        for stream in await store.unsynced(known, self.config.batch):
+            await self._try_sync(store, producer, slot, stream)
+
+    async def _sendable(self, store: StreamStore, producer: SlotProducer,
+                        slot: int) -> list[StreamRow]:
+        """The slot's rows to send now: those of streams whose mark the slot knows on this
+        connection (step 1 first for the others: a takeover's, or a new connection's)."""
+        rows = await store.assigned(slot, self.config.batch)
+        unknown = {r.stream for r in rows} - producer.synced - self._paused()
+        if unknown:
+            for stream in sorted(unknown):
+                await self._try_sync(store, producer, slot, stream)
+            rows = await store.assigned(slot, self.config.batch)  # some settled or renumbered
+        return [r for r in rows if r.stream in producer.synced]
+
+    async def _try_sync(self, store: StreamStore, producer: SlotProducer, slot: int,
+                        stream: str) -> None:
+        """Step 1 for one stream; one whose mark the broker cannot tell pauses."""
+        try:
+            await sync(store, producer, slot, stream,
+                       old_name=old_producer_name(self.config.producer_prefix, slot))
+        except StreamGone as exc:
+            self._stream_waits(stream, "stream_missing", error=str(exc))
+
 
     async def _send(self, store: StreamStore, producer: SlotProducer,
                     rows: list[StreamRow]) -> bool:
@@ -377,3 +413,4 @@ def _frames(rows: list[Outgoing]) -> list[list[Outgoing]]:
         frames[-1].append(r)
         size += len(r.body)
     return [f for f in frames if f]
+

@@ -28,6 +28,7 @@ from tests.helpers import (
     wait_until,
 )
 from tests.integration.test_http import http_get
+from tests.integration.test_stream_producers import slot_name
 from tests.kit.ports import free_port
 from tests.kit.stream import (
     CREDENTIALS,
@@ -237,7 +238,7 @@ async def test_streams__a_takeover_settles_what_the_broker_stored_without_sendin
                      stream)
     rows = await pg_fetch(env.pg_dsn, "SELECT id::text, content::text, publishing_id "
                           "FROM queue_message_stream ORDER BY publishing_id")
-    owner = SlotProducer(SERVER, "queue_message-0")
+    owner = SlotProducer(SERVER, await slot_name(env.pg_dsn, 0))
     await owner.start()
     try:
         result = await owner.send(stream, [Outgoing(r["id"], r["content"].encode(),
