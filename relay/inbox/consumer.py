@@ -12,7 +12,7 @@ import contextlib
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,15 @@ import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
-from relay.inbox.store import DEFAULT_TABLE, Handler, Inbox, InboxError, message_key, session
+from relay.inbox.store import (
+    DEFAULT_TABLE,
+    Handler,
+    Inbox,
+    InboxError,
+    ParkedMessage,
+    message_key,
+    session,
+)
 from relay.pg.compat import tune_socket
 
 log = logging.getLogger("relay.inbox")
@@ -39,6 +47,11 @@ class HandlerTimeout(Exception):
     """The handler's work got no answer in time (command_timeout_s, or its own `timeout=`)."""
 
 
+class HandlerTooSlow(Exception):
+    """The handler ran past handler_timeout_s: cancelled, its writes rolled back, counted as a
+    failed attempt."""
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     """How the consumer takes messages and what it does when the handler fails.
@@ -51,8 +64,13 @@ class ConsumerConfig:
     concurrency: handlers running at once (each on its own database connection).
     on_error: when the handler raises: "requeue" (the broker delivers it again, until
       max_attempts) or "reject" (at once; to the queue's dead-letter exchange if it has one).
-    max_attempts: deliveries before a failing message is rejected (quorum queues count them in
-      x-delivery-count; other queues are counted by this process).
+    max_attempts: deliveries before a message is given up: parked in the inbox's `_parked`
+      table with the reason and rejected (to the queue's dead-letter exchange if it has one).
+      Deliveries are counted in the inbox's `_attempts` table as they begin (and by quorum
+      queues' x-delivery-count), so a message that kills the consumer's process is parked
+      after max_attempts deliveries too.
+    handler_timeout_s: the longest a handler may run (None: no bound); past it the handler is
+      cancelled, its writes rolled back, and the attempt counts as failed.
     retention_s: inbox rows older than this are deleted every prune_every_s (None: never).
       A message re-delivered after its row was pruned runs again: keep this longer than the
       longest time a message can wait to be re-delivered (a relay or consumer outage).
@@ -77,6 +95,7 @@ class ConsumerConfig:
     concurrency: int = 8
     on_error: str = "requeue"
     max_attempts: int = 5
+    handler_timeout_s: float | None = 300.0
     retention_s: float | None = 7 * 86400.0
     prune_every_s: float = 600.0
     command_timeout_s: float = 60.0
@@ -95,6 +114,9 @@ class ConsumerConfig:
             raise bad("on_error", "'requeue' or 'reject'")
         if self.max_attempts < 1:
             raise bad("max_attempts", "at least 1")
+        if self.handler_timeout_s is not None and not (
+                math.isfinite(self.handler_timeout_s) and self.handler_timeout_s > 0):
+            raise bad("handler_timeout_s", "a positive number of seconds, or None for no bound")
         if self.retention_s is not None and not (math.isfinite(self.retention_s)
                                                  and self.retention_s > 0):
             raise bad("retention_s", "a positive number of seconds, or None to keep every row")
@@ -152,8 +174,10 @@ class InboxConsumer:
         self.duplicates = 0
         self.failed = 0
         self.database_away = 0  # messages requeued because the database was away
+        self.parked = 0  # messages given up, kept in the inbox's _parked table
         self._attempts: OrderedDict[str, int] = OrderedDict()
         self._slots = asyncio.Semaphore(config.concurrency)
+        self._lanes = Lanes()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Consume until `stop` is set (or the task is cancelled); then finish the handlers
@@ -201,32 +225,82 @@ class InboxConsumer:
                           message.delivery_tag)
                 await _settle(message.reject(requeue=False), "(no id)")
                 return
-            try:
-                ran = await inbox.handle(key, message, self._run_handler)
-            except HandlerTimeout as exc:
-                if not await self._database_answers():
-                    await self._database_away(key, message, exc)
-                    return
-                # The handler's work (a slow query, a lock held elsewhere) outlasted the bound
-                # while the database answers: counted, so a message that never finishes in
-                # time is rejected after max_attempts instead of coming back for ever.
-                self.failed += 1
-                await self._failed(key, message, exc)
+            # A message delivered again may be the one that killed or hung the last process: it
+            # runs alone, so that a death counts against it and not against its neighbours.
+            async with (self._lanes.alone() if message.redelivered else self._lanes.shared()):
+                await self._handle(inbox, key, message)
+
+    async def _handle(self, inbox: Inbox, key: str, message: AbstractIncomingMessage) -> None:
+        """Count, run, settle one message (in its lane)."""
+        attempt = 1
+        try:
+            attempt = await self._attempt(inbox, key, message)
+            if attempt > self.config.max_attempts:
+                await self._past_attempts(inbox, key, message, attempt)
                 return
-            except DATABASE_AWAY as exc:
+            ran = await inbox.handle(key, message, self._run_handler,
+                                     counted=bool(message.redelivered))
+        except HandlerTimeout as exc:
+            if not await self._database_answers():
                 await self._database_away(key, message, exc)
                 return
-            except Exception as exc:
-                self.failed += 1
-                await self._failed(key, message, exc)
-                return
-            if ran:
-                self.handled += 1
-            else:
-                self.duplicates += 1
-                log.info("message %s handled before; acked without running the handler", key)
-            self._attempts.pop(key, None)
+            # The handler's work (a slow query, a lock held elsewhere) outlasted the bound
+            # while the database answers: counted, so a message that never finishes in
+            # time is rejected after max_attempts instead of coming back for ever.
+            self.failed += 1
+            await self._failed(inbox, key, message, exc, attempt)
+            return
+        except DATABASE_AWAY as exc:
+            await self._database_away(key, message, exc)
+            return
+        except Exception as exc:
+            self.failed += 1
+            await self._failed(inbox, key, message, exc, attempt)
+            return
+        if ran:
+            self.handled += 1
+        else:
+            self.duplicates += 1
+            log.info("message %s handled before; acked without running the handler", key)
+        self._attempts.pop(key, None)
+        await _settle(message.ack(), key)
+
+    async def _attempt(self, inbox: Inbox, key: str, message: AbstractIncomingMessage) -> int:
+        """This delivery's number: 1 for a first delivery; for one the broker made again, the
+        count the inbox keeps (committed before the handler runs, so it outlives a process
+        that dies in the handler), the broker's own (quorum queues) or this process's, the
+        highest."""
+        counted = self._attempts.get(key, 0) + 1
+        attempt = delivery_attempt(message, counted)
+        if message.redelivered:
+            attempt = max(attempt, await inbox.count_attempt(key))
+        return attempt
+
+    async def _past_attempts(self, inbox: Inbox, key: str, message: AbstractIncomingMessage,
+                             attempt: int) -> None:
+        """A message delivered more than max_attempts times with no outcome (its handler
+        killed the process, or hung it, every time): parked without running the handler,
+        unless it was handled or parked before."""
+        known = await inbox.outcome_known(key)
+        if known == "handled":
+            self.duplicates += 1
             await _settle(message.ack(), key)
+            return
+        if known is None:
+            await self._park(inbox, key, message, attempt,
+                             f"delivered {attempt} times without an outcome: the consumer "
+                             "died or hung in the handler each time")
+        await _settle(message.reject(requeue=False), key)
+
+    async def _park(self, inbox: Inbox, key: str, message: AbstractIncomingMessage,
+                    attempt: int, reason: str) -> None:
+        self.parked += 1
+        self._attempts.pop(key, None)
+        await inbox.park(key, ParkedMessage(message.exchange, message.routing_key,
+                                            dict(message.headers or {}), message.body),
+                         reason, attempt)
+        log.error("message %s parked in the inbox after %d deliveries: %s", key, attempt,
+                  reason)
 
     async def _database_away(self, key: str, message: AbstractIncomingMessage,
                              exc: Exception) -> None:
@@ -237,9 +311,14 @@ class InboxConsumer:
         await _settle(message.nack(requeue=True), key)
 
     async def _run_handler(self, message: AbstractIncomingMessage, conn: Any) -> None:
+        bound_s = self.config.handler_timeout_s
         try:
-            await self.handler(message, conn)
+            async with asyncio.timeout(bound_s) as bound:
+                await self.handler(message, conn)
         except TimeoutError as exc:
+            if bound.expired():
+                raise HandlerTooSlow(f"the handler ran past handler_timeout_s={bound_s:g}s: "
+                                     "cancelled, its writes rolled back") from None
             raise HandlerTimeout(
                 f"the handler's work got no answer within command_timeout_s="
                 f"{self.config.command_timeout_s:g}s (or its own timeout=)") from exc
@@ -257,16 +336,21 @@ class InboxConsumer:
             return False
         return True
 
-    async def _failed(self, key: str, message: AbstractIncomingMessage, exc: Exception) -> None:
-        counted = self._attempts.pop(key, 0) + 1
-        attempt = delivery_attempt(message, counted)
+    async def _failed(self, inbox: Inbox, key: str, message: AbstractIncomingMessage,
+                      exc: Exception, attempt: int) -> None:
         give_up = self.config.on_error == "reject" or attempt >= self.config.max_attempts
         log.warning("handler failed for message %s (attempt %d of %d): %r; %s", key, attempt,
-                    self.config.max_attempts, exc, "rejected" if give_up else "requeued")
+                    self.config.max_attempts, exc, "parked" if give_up else "requeued")
         if give_up:
+            try:
+                await self._park(inbox, key, message, attempt,
+                                 f"the handler failed on attempt {attempt}: {exc!r}")
+            except Exception as park_failed:  # the message comes back: nothing is lost
+                await self._database_away(key, message, park_failed)
+                return
             await _settle(message.reject(requeue=False), key)
             return
-        self._attempts[key] = counted
+        self._attempts[key] = attempt
         while len(self._attempts) > _ATTEMPTS_KEPT:
             self._attempts.popitem(last=False)
         await _settle(message.nack(requeue=True), key)
@@ -296,6 +380,47 @@ class InboxConsumer:
                 log.warning("inbox prune failed (%s); next try in %.0f s", exc,
                             self.config.prune_every_s)
             await asyncio.sleep(self.config.prune_every_s)
+
+
+class Lanes:
+    """Handlers run side by side (shared), except one that must run alone: it waits until the
+    others finished, and none starts while it runs or waits (so it is never starved)."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._running = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        """Run beside other shared handlers."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
+            self._running += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        """Run with nothing beside."""
+        async with self._changed:
+            self._waiting_alone += 1
+            try:
+                await self._changed.wait_for(lambda: not self._alone and not self._running)
+            finally:
+                self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._alone = False
+                self._changed.notify_all()
 
 
 async def _settle(answer: Awaitable[None], key: str) -> None:

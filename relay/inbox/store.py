@@ -6,6 +6,7 @@ Needs asyncpg only. The statements are sql/inbox.sql's.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -55,10 +56,19 @@ def _raw() -> dict[str, str]:
 def queries(table: str = DEFAULT_TABLE) -> dict[str, str]:
     """sql/inbox.sql's statements for this table."""
     parts = table_name(table)
-    values = {"inbox": ".".join(quote_ident(p) for p in parts),
+    def qualified(suffix: str = "") -> str:
+        # a companion's name cut to stay within PostgreSQL's 63 bytes
+        return ".".join(quote_ident(p) for p in (*parts[:-1], (parts[-1][:50] if suffix
+                                                               else parts[-1]) + suffix))
+
+    values = {"inbox": qualified(),
               # an index is made in its table's schema: its name is never qualified
               "inbox_index": quote_ident(f"{parts[-1][:50]}_received_idx"),
-              "inbox_literal": quote_literal(".".join(quote_ident(p) for p in parts))}
+              "inbox_literal": quote_literal(qualified()),
+              "inbox_attempts": qualified("_attempts"),
+              "inbox_attempts_literal": quote_literal(qualified("_attempts")),
+              "inbox_parked": qualified("_parked"),
+              "inbox_parked_literal": quote_literal(qualified("_parked"))}
     return {name: re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), m.group(0)), sql)
             for name, sql in _raw().items()}
 
@@ -108,6 +118,17 @@ def message_key(headers: Mapping[str, Any] | None, message_id: Any) -> str | Non
 
 
 @dataclass(frozen=True)
+class ParkedMessage:
+    """What the inbox keeps of a message it gives up: where it came from, its headers (as
+    JSON; values JSON cannot hold as text) and its body."""
+
+    exchange: str | None
+    routing_key: str | None
+    headers: Mapping[str, Any]
+    body: bytes
+
+
+@dataclass(frozen=True)
 class ConsumerCount:
     """One consumer's rows in the inbox."""
 
@@ -150,16 +171,42 @@ class Inbox:
         """Raise InboxError when the table is missing (with the command that makes it)."""
         await require_table(self.pool, self.table)
 
-    async def handle(self, key: str, message: Any, handler: Handler) -> bool:
+    async def handle(self, key: str, message: Any, handler: Handler, *,
+                     counted: bool = False) -> bool:
         """In one transaction: record `key`; if it is new, run `handler(message, conn)` on that
         transaction's connection; commit. True when the handler ran and committed, False for a
         message recorded before (nothing ran). A handler's exception rolls the record back and
-        propagates."""
+        propagates. `counted`: this message's deliveries are counted (count_attempt), and the
+        count goes with the commit."""
         async with self.pool.acquire() as conn, conn.transaction():
+            if counted:
+                await conn.execute(self.sql["inbox_attempts_done"], self.consumer, key)
             if not await conn.fetchval(self.sql["inbox_record"], self.consumer, key):
                 return False
             await handler(message, conn)
         return True
+
+    async def count_attempt(self, key: str) -> int:
+        """Count a delivery of a message the broker delivered again, committed before the
+        handler runs; this delivery's number (2 for the first one counted)."""
+        return int(await self.pool.fetchval(self.sql["inbox_attempt"], self.consumer, key))
+
+    async def outcome_known(self, key: str) -> str | None:
+        """'handled' when the message's handler committed before, 'parked' when it was given
+        up before, else None."""
+        if await self.pool.fetchval(self.sql["inbox_handled"], self.consumer, key):
+            return "handled"
+        if await self.pool.fetchval(self.sql["inbox_is_parked"], self.consumer, key):
+            return "parked"
+        return None
+
+    async def park(self, key: str, message: ParkedMessage, reason: str, attempts: int) -> None:
+        """Keep a message given up, whole, with `reason`; its count of deliveries goes."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(self.sql["inbox_park"], self.consumer, key, reason, attempts,
+                               message.exchange, message.routing_key,
+                               json.dumps(message.headers, default=str), message.body)
+            await conn.execute(self.sql["inbox_attempts_done"], self.consumer, key)
 
     async def prune(self, older_than_s: float, batch: int = 10_000) -> int:
         """Delete rows recorded more than `older_than_s` ago (every consumer's), in batches;
@@ -175,8 +222,9 @@ async def require_table(conn: asyncpg.Pool | asyncpg.Connection,
                         table: str = DEFAULT_TABLE) -> None:
     """Raise InboxError when the table is missing (with the command that makes it)."""
     if not await conn.fetchval(queries(table)["inbox_exists"]):
-        raise InboxError(f"inbox table {table!r} does not exist in this database: run "
-                         f"`relay inbox migrate --dsn <the consumer's database> --table {table}`")
+        raise InboxError(f"inbox table {table!r} (with its _attempts and _parked tables) does "
+                         "not exist in this database: run `relay inbox migrate --dsn <the "
+                         f"consumer's database> --table {table}`")
 
 
 async def prune(conn: asyncpg.Pool | asyncpg.Connection, older_than_s: float,
@@ -184,13 +232,15 @@ async def prune(conn: asyncpg.Pool | asyncpg.Connection, older_than_s: float,
     """Delete rows recorded more than `older_than_s` ago, `batch` per statement (each its own
     transaction, so producers' inserts never wait long); the rows deleted."""
     await require_table(conn, table)
-    sql = queries(table)["inbox_prune"]
+    sql = queries(table)
     deleted = 0
     while True:
-        n = int((await conn.execute(sql, float(older_than_s), batch)).split()[-1])
+        n = int((await conn.execute(sql["inbox_prune"], float(older_than_s), batch)).split()[-1])
         deleted += n
         if n < batch:
-            return deleted
+            break
+    await conn.execute(sql["inbox_prune_attempts"], float(older_than_s))
+    return deleted
 
 
 async def stats(conn: asyncpg.Pool | asyncpg.Connection, table: str = DEFAULT_TABLE,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -18,7 +20,7 @@ import pytest
 
 from relay.inbox import ConsumerConfig, InboxConsumer, InboxError, migrate
 from tests.helpers import RELAY_BIN, Env, pg_execute, pg_fetch, pg_fetchval, pg_session, wait_until
-from tests.kit.inbox_consumer import BUSINESS_TABLE, record_order
+from tests.kit.inbox_consumer import BUSINESS_TABLE, POISON_EXIT, record_order
 from tests.kit.producer import insert_rows
 from tests.kit.proxy import proxy_for, via_proxy
 
@@ -272,6 +274,94 @@ async def test_inbox__a_message_that_keeps_failing_is_rejected_to_the_dead_lette
     assert calls == attempts
     assert await pg_fetchval(consumer_db, "SELECT count(*) FROM relay_inbox") == 0
     assert await pg_fetchval(consumer_db, "SELECT count(*) FROM orders") == 0
+
+
+async def test_inbox__a_message_that_kills_the_process_is_parked_after_its_attempts(
+    env: Env, consumer_db: str, tmp_path: Path
+) -> None:
+    """A handler that ends the process (os._exit, as an out-of-memory kill or a crash would) on
+    one message of 40, the consumer restarted each time by its supervisor (here, the test): the
+    message runs max_attempts (3) times, each death counted in the inbox's own table before
+    the handler ran, then it is parked there whole with its reason, without running again;
+    every other message is handled once, none of them parked for dying beside it (a message
+    delivered again runs alone). Counted in the consumer's memory, the message came back for
+    ever."""
+    ids = [str(uuid.uuid4()) for _ in range(40)]
+    poison = ids[5]
+    await publish(env, *(outbox_message(i, body=b'{"n": 1}') for i in ids))
+    command = [sys.executable, "-m", "tests.kit.inbox_consumer", "--amqp", env.amqp_url,
+               "--dsn", consumer_db, "--queue", env.queue, "--concurrency", "8",
+               "--max-attempts", "3", "--poison", poison]
+    log = tmp_path / "consumer.log"
+    deaths = 0
+    deadline = time.monotonic() + 120
+    while True:
+        proc = _start(command, log)
+        try:
+            while proc.poll() is None and not await _all_settled(consumer_db, env):
+                assert time.monotonic() < deadline, (
+                    f"after {deaths} deaths, not every message handled or parked:\n"
+                    + log.read_text()[-3000:])
+                await asyncio.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            status = proc.wait(timeout=60)
+        if status != POISON_EXIT:
+            break
+        deaths += 1
+        assert deaths <= 10, "the poison message keeps ending the consumer"
+    assert deaths == 3, "the handler ran max_attempts times on the poison message"
+    rows = await pg_fetch(consumer_db, "SELECT message_id, count(*) AS n FROM orders "
+                          "GROUP BY message_id")
+    assert {r["message_id"] for r in rows} == set(ids) - {poison}
+    assert {r["n"] for r in rows} == {1}
+    parked = await pg_fetch(consumer_db, "SELECT message_id, attempts, reason, body, "
+                            "headers->>'x-outbox-id' AS header FROM relay_inbox_parked")
+    assert [(p["message_id"], p["attempts"], p["header"], bytes(p["body"])) for p in parked] == [
+        (poison, 4, poison, b'{"n": 1}')]
+    assert "delivered 4 times without an outcome" in parked[0]["reason"]
+    assert await pg_fetchval(consumer_db, "SELECT count(*) FROM relay_inbox_attempts") == 0
+    assert await queue_depth(env) == 0
+
+
+def _start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """A process running `command`, its output appended to `log`."""
+    with log.open("ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def _all_settled(dsn: str, env: Env) -> bool:
+    """Every message handled or parked, and the queue empty."""
+    done = await pg_fetchval(dsn, "SELECT (SELECT count(*) FROM orders) "
+                             "+ (SELECT count(*) FROM relay_inbox_parked)")
+    return done == 40 and await queue_depth(env) == 0
+
+
+async def test_inbox__a_handler_past_its_time_bound_is_cancelled_and_counted(
+    env: Env, consumer_db: str
+) -> None:
+    """A handler that hangs (awaits something that never comes) is cancelled after
+    handler_timeout_s, its writes rolled back, and the message parked after max_attempts."""
+    async def hangs(message: Any, conn: Any) -> None:
+        await record_order(message, conn)
+        await asyncio.Event().wait()
+
+    row_id = str(uuid.uuid4())
+    async with running(env, consumer_db, hangs, max_attempts=2,
+                       handler_timeout_s=0.5) as consumer:
+        await publish(env, outbox_message(row_id))
+        await wait_until(lambda: _parked(consumer), timeout_s=30,
+                         what="the hanging message parked")
+    assert consumer.failed == 2
+    assert await pg_fetchval(consumer_db, "SELECT count(*) FROM orders") == 0
+    reason = await pg_fetchval(consumer_db, "SELECT reason FROM relay_inbox_parked "
+                               "WHERE message_id = $1", row_id)
+    assert "handler_timeout_s=0.5s" in reason
+
+
+async def _parked(consumer: InboxConsumer) -> bool:
+    return consumer.parked == 1
 
 
 async def test_inbox__the_consumer_refuses_to_start_without_its_table(
