@@ -263,7 +263,8 @@ unkeyed AS (
                        CASE WHEN seq = ANY((SELECT by_key FROM fair_seqs)::bigint[])
                             THEN fairness_key END AS fair_key,
                        repeat, CASE WHEN repeat IS NOT NULL
-                            THEN EXTRACT(EPOCH FROM available_at)::float8 END AS occurrence_s,
+                            THEN EXTRACT(EPOCH FROM COALESCE(occurrence_at, available_at))::float8
+                            END AS occurrence_s,
                        false AS fill
                 FROM {table}
                 WHERE seq = ANY((SELECT seqs FROM fair_seqs)::bigint[])
@@ -275,7 +276,8 @@ unkeyed AS (
                            EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
                            NULL::text AS ordering_key, NULL::text AS fair_key,
                            repeat, CASE WHEN repeat IS NOT NULL
-                                        THEN EXTRACT(EPOCH FROM available_at)::float8
+                                        THEN EXTRACT(EPOCH FROM COALESCE(occurrence_at,
+                                                                         available_at))::float8
                                    END AS occurrence_s,
                            true AS fill
                     FROM {table}
@@ -332,7 +334,8 @@ FROM (SELECT c.*,
                    GREATEST(attempts, 0) AS attempts,
                    EXTRACT(EPOCH FROM created_at)::float8 AS created_at_s, seq,
                    NULL::text AS ordering_key, repeat, CASE WHEN repeat IS NOT NULL
-                            THEN EXTRACT(EPOCH FROM available_at)::float8 END AS occurrence_s
+                            THEN EXTRACT(EPOCH FROM COALESCE(occurrence_at, available_at))::float8
+                            END AS occurrence_s
             FROM {table}
             WHERE seq = ANY(ARRAY(SELECT f FROM {claim_fair_fn}($1::integer, $3::bigint,
                                                                $4::text::xid8) AS f))
@@ -423,7 +426,8 @@ FROM (SELECT c.*,
                    t.options::text AS options, GREATEST(t.attempts, 0) AS attempts, t.seq,
                    t.ordering_key, EXTRACT(EPOCH FROM t.created_at)::float8 AS created_at_s,
                    t.repeat, CASE WHEN t.repeat IS NOT NULL
-                        THEN EXTRACT(EPOCH FROM t.available_at)::float8 END AS occurrence_s
+                        THEN EXTRACT(EPOCH FROM COALESCE(t.occurrence_at, t.available_at))::float8
+                        END AS occurrence_s
             FROM {table} AS t
             WHERE t.seq = ANY(ARRAY(SELECT seq FROM cand))
             ORDER BY t.seq
@@ -470,7 +474,9 @@ ON CONFLICT DO NOTHING
 WITH occurrences AS (
     INSERT INTO {archive} (id, seq, exchange, routing_key, content, options, created_at,
                            available_at, attempts, last_error, ordering_key)
-    SELECT md5(t.id::text || '@' || EXTRACT(EPOCH FROM t.available_at)::text)::uuid, t.seq,
+    SELECT md5(t.id::text || '@'
+               || EXTRACT(EPOCH FROM COALESCE(t.occurrence_at, t.available_at))::text)::uuid,
+           t.seq,
            t.exchange, t.routing_key, t.content, t.options, t.created_at, t.available_at,
            t.attempts, t.last_error, t.ordering_key
     FROM {table} AS t
@@ -480,7 +486,7 @@ WITH occurrences AS (
 UPDATE {table} AS t
 -- (an interval as the table's CHECK reads it: upper case, blanks trimmed)
 SET available_at = COALESCE(f.next_at, now() + upper(btrim(t.repeat, E' \t'))::interval),
-    attempts = 0, last_error = NULL
+    attempts = 0, last_error = NULL, occurrence_at = NULL
 FROM unnest($1::uuid[], $2::timestamptz[]) AS f(id, next_at)
 WHERE t.id = f.id AND t.repeat IS NOT NULL
 
@@ -497,7 +503,10 @@ UPDATE {table} AS t
 SET attempts = CASE WHEN f.counted THEN LEAST(GREATEST(t.attempts, 0), 2147483646) + 1
                     ELSE t.attempts END,
     last_error = f.error,
-    available_at = now() + make_interval(secs => f.delay_s)
+    available_at = now() + make_interval(secs => f.delay_s),
+    -- a recurring row keeps the occurrence it is retrying (sql/migrations/0023)
+    occurrence_at = CASE WHEN t.repeat IS NOT NULL
+                         THEN COALESCE(t.occurrence_at, t.available_at) END
 FROM unnest($1::uuid[], $2::text[], $3::float8[], $4::boolean[]) AS f(id, error, delay_s, counted)
 WHERE t.id = f.id
 
@@ -543,7 +552,8 @@ WITH by_xact AS (
            count(*) FILTER (WHERE available_at > now()) AS delayed,
            count(*) FILTER (WHERE attempts > 0) AS retrying,
            count(*) FILTER (WHERE repeat IS NOT NULL) AS recurring,
-           min(CASE WHEN repeat IS NULL THEN created_at ELSE available_at END)
+           min(CASE WHEN repeat IS NULL THEN created_at
+                    ELSE COALESCE(occurrence_at, available_at) END)
                FILTER (WHERE available_at <= now()) AS oldest_due
     FROM {table}
     GROUP BY xact)

@@ -38,7 +38,7 @@ GRANT INSERT (id, exchange, routing_key, content, options, ordering_key, availab
     ON {table} TO {producer_role};
 
 -- The relay: claim (SELECT ... FOR UPDATE needs UPDATE of one column), reschedule (UPDATE of
--- the three columns it writes, never content, options, exchange or routing key), delete
+-- the four columns it writes, never content, options, exchange or routing key), delete
 -- published rows; list and purge dead letters; archive published rows. It cannot write a
 -- message: no INSERT on the outbox, and no INSERT or UPDATE on the dead-letter table (whose
 -- rows replay turns back into messages). Rows are parked through {dead_letter_fn} and
@@ -47,7 +47,7 @@ GRANT INSERT (id, exchange, routing_key, content, options, ordering_key, availab
 -- REVOKE first, so that re-running replaces what older versions of this file granted.
 REVOKE INSERT, UPDATE ON {table} FROM {relay_role};
 GRANT SELECT, DELETE ON {table} TO {relay_role};
-GRANT UPDATE (attempts, last_error, available_at) ON {table} TO {relay_role};
+GRANT UPDATE (attempts, last_error, available_at, occurrence_at) ON {table} TO {relay_role};
 REVOKE INSERT, UPDATE ON {dead} FROM {relay_role};
 GRANT SELECT, DELETE ON {dead} TO {relay_role};
 GRANT SELECT, INSERT, DELETE ON {archive} TO {relay_role};

@@ -693,6 +693,7 @@ CREATE TABLE public.queue_message (
     xact xid8 DEFAULT pg_current_xact_id() NOT NULL,
     fairness_key text,
     repeat text,
+    occurrence_at timestamp with time zone,
     CONSTRAINT queue_message_repeat_unkeyed CHECK (((repeat IS NULL) OR (ordering_key IS NULL))),
     CONSTRAINT queue_message_repeat_valid CHECK (((repeat IS NULL) OR public.queue_message_repeat_valid(repeat)))
 )

@@ -104,6 +104,8 @@ class TableNames:
             "stream_seq": self._q("_stream_seq"),
             "stream_relays": self._q("_stream_relays"),
             "stream_legacy": self._q("_stream_legacy"),  # sql/migrations/0022
+            "stream_legacy_literal": quote_literal(self._q("_stream_legacy")),
+            "stream_seq_literal": quote_literal(self._q("_stream_seq")),
             "stream_dead": self._q("_stream_dead"),  # sql/migrations/0018_stream_dead.sql
             # sql/migrations/0019_stream_notify.sql
             "stream_literal": quote_literal(self._q("_stream")),

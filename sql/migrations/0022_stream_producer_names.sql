@@ -17,3 +17,18 @@ CREATE TABLE IF NOT EXISTS {stream_legacy} (
 INSERT INTO {stream_legacy} (slot, stream, last_id)
 SELECT slot, stream, last_id FROM {stream_seq}
 ON CONFLICT (slot, stream) DO NOTHING;
+-- Whoever may give ids (UPDATE on {stream_seq}: the relay role of sql/roles.sql, under any name)
+-- may read and forget these, so that relays running as that role need no new grant to start.
+DO $$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::regrole::text
+        FROM pg_class AS c, aclexplode(c.relacl) AS a
+        WHERE c.oid = {stream_seq_literal}::regclass AND a.privilege_type = 'UPDATE'
+          AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT SELECT, DELETE ON %s TO %s', {stream_legacy_literal}, grantee);
+    END LOOP;
+END $$;

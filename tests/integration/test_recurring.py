@@ -6,11 +6,21 @@ time is parked with the reason; an outage that missed occurrences publishes one 
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
+import aio_pika
 import asyncpg
 import pytest
 
-from tests.helpers import Env, count_rows, pg_fetch, pg_fetchrow, pg_session, wait_until
+from tests.helpers import (
+    Env,
+    count_rows,
+    pg_fetch,
+    pg_fetchrow,
+    pg_fetchval,
+    pg_session,
+    wait_until,
+)
 from tests.kit.consumer import Consumer
 from tests.kit.producer import insert_rows
 
@@ -151,3 +161,43 @@ async def test_recurring__status_counts_recurring_rows(env: Env) -> None:
     row = await pg_fetchrow(env.pg_dsn, q["backlog"])
     assert row is not None
     assert row["recurring"] == 2
+
+
+async def test_recurring__a_retried_occurrence_keeps_the_time_it_was_due(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """An occurrence that cannot go at once (here unroutable: no queue bound to its key yet) is
+    retried later and goes with the occurrence it first went out as, not the time of its retry:
+    an inbox tells occurrences apart by it, and a postponed occurrence under a new time would
+    run its handler twice. Once it went, the next occurrence is the schedule's again."""
+    [row_id] = await insert_rows(env.pg_dsn, env.exchange, "bound-later", [{"tick": 1}],
+                                 repeat="PT1H")
+    due = await pg_fetchval(env.pg_dsn, "SELECT available_at FROM queue_message WHERE id = $1",
+                            row_id)
+    start_relay(retry_base_s=0.5, poll_interval_s=0.2)
+    await wait_until(lambda: _retried(env, row_id), timeout_s=30,
+                     what="the unroutable occurrence retried")
+    conn = await aio_pika.connect(env.amqp_url)
+    try:
+        channel = await conn.channel()
+        queue = await channel.get_queue(env.queue)
+        await queue.bind(env.exchange, "bound-later")
+    finally:
+        await conn.close()
+    await wait_until(lambda: _arrived(consumer), timeout_s=30, what="the occurrence delivered")
+    sent = datetime.fromisoformat(consumer.messages[0].headers["x-outbox-occurrence"])
+    assert abs((sent - due).total_seconds()) < 0.001, (sent, due)
+    row = await pg_fetchrow(env.pg_dsn, "SELECT occurrence_at, available_at > now() + "
+                            "interval '50 minutes' AS next_hour FROM queue_message WHERE id = $1",
+                            row_id)
+    assert row is not None
+    assert (row["occurrence_at"], row["next_hour"]) == (None, True)
+
+
+async def _retried(env: Env, row_id: str) -> bool:
+    return bool(await pg_fetchval(env.pg_dsn, "SELECT attempts >= 1 AND occurrence_at IS NOT "
+                                  "NULL FROM queue_message WHERE id = $1", row_id))
+
+
+async def _arrived(consumer: Consumer) -> bool:
+    return len(consumer.ids) >= 1
