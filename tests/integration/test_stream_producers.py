@@ -173,3 +173,21 @@ async def test_stream_producers__rows_given_ids_under_the_old_name_are_settled_b
         ("queue_message-0", 200, 200)]
     assert await pg_fetchval(env.pg_dsn,
                              "SELECT count(*) FROM queue_message_stream_legacy") == 0
+
+
+async def test_stream_producers__a_stream_deleted_and_made_again_gets_the_rows_after_it(
+    env: Env, start_relay
+) -> None:
+    """A stream drained, deleted and made again while the relay runs: the new stream has no
+    mark, the relay's ids go on above it, and every row written afterwards is in the new
+    stream once."""
+    name = f"relay-test-{uuid.uuid4().hex[:10]}"
+    async with a_stream(name):
+        await insert_stream_rows(env.pg_dsn, name, 200)
+        start_relay(streams="true", stream_producers=1)
+        await drained(env.pg_dsn)
+    async with a_stream(name):
+        again = await insert_stream_rows(env.pg_dsn, name, 200)
+        await drained(env.pg_dsn)
+        got = await read_stream(name, at_least=200)
+    assert [m["id"] for m in got] == again
