@@ -235,7 +235,8 @@ class Supervisor:
     async def sleep(self, seconds: float) -> bool:
         """Sleep up to `seconds`; return False (at once) when the relay is stopping."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), timeout=max(seconds, 0.0))
+            async with asyncio.timeout(max(seconds, 0.0)):
+                await self.stopping.wait()
         return not self.stopping.is_set()
 
     # ------------------------------------------------------------------ health

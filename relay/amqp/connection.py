@@ -213,7 +213,8 @@ class BrokerConnection:
             if event is None or left <= 0:
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=min(left, 1.0))
+                async with asyncio.timeout(min(left, 1.0)):
+                    await event.wait()
         return self.ready
 
     async def wait_ready(self) -> None:

@@ -109,4 +109,5 @@ class ExpressLane:
 async def _pause(done: asyncio.Event, seconds: float) -> None:
     """Sleep `seconds`, or less if `done` is set meanwhile."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(done.wait(), timeout=seconds)
+        async with asyncio.timeout(seconds):
+            await done.wait()

@@ -154,7 +154,8 @@ class Sleeper:
         if cap is not None:
             timeout = min(timeout, cap)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
         await self._release()
 
     async def step_down(self) -> None:

@@ -133,7 +133,8 @@ class Worker:
         except Exception as exc:
             log.error("sleep_failed", error=repr(exc), exc_info=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.config.fallback_poll_s)
+                async with asyncio.timeout(self.config.fallback_poll_s):
+                    await self._wake.wait()
 
     async def _sweep(self) -> None:
         """Drain once; on a failure back off (the database Supervisor) and ask for another.
@@ -213,7 +214,8 @@ class Worker:
                     # The wait ended without a connection (a reconnect attempt raised, or the
                     # broker dropped it again at once): claim nothing while it is away.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), timeout=0.2)
+                        async with asyncio.timeout(0.2):
+                            await self._stopping.wait()
                     continue
             claimed = await self.run_batch()
             # A keyed claim is also bounded by the keys per batch, so a short batch with keyed

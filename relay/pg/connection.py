@@ -238,7 +238,8 @@ async def watch_session(conn: Any, ping_sql: str, *, interval_s: float,
     conn.add_termination_listener(lambda _c: lost.set())
     while not lost.is_set() and not conn.is_closed():
         try:
-            await asyncio.wait_for(lost.wait(), timeout=interval_s)
+            async with asyncio.timeout(interval_s):
+                await lost.wait()
         except TimeoutError:
             try:
                 await conn.fetchval(ping_sql, timeout=timeout_s)

@@ -256,7 +256,8 @@ async def watch_dead_letters(db: DatabaseConfig, since: datetime | None, *,
                     for key in [k for k, at in seen.items() if at < latest - lookback]:
                         del seen[key]
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woken.wait(), poll_s)
+                        async with asyncio.timeout(poll_s):
+                            await woken.wait()
         except DatabaseUnavailable as exc:
             failure = exc
         except DB_ERRORS as exc:

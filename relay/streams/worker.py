@@ -224,7 +224,8 @@ class StreamWorker:
                             self._producer_writing += 1
                             timeout_s = PRODUCER_WRITING_S
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await woken.wait()
         finally:
             self._idle.discard(slot)
 

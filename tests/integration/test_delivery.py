@@ -10,6 +10,7 @@ import random
 import asyncpg
 
 from relay.pg.migrate import migration_files
+from relay.pg.queries import Queries, TableNames
 from relay.settings import Settings
 from tests.helpers import Env, count_rows, pg_session, wait_until
 from tests.kit.consumer import Consumer
@@ -143,10 +144,16 @@ async def test_replicas__three_relays_and_four_producers_deliver_every_row_exact
 
 
 async def _listener_backend(conn: asyncpg.Connection) -> asyncpg.Record | None:
+    """The relay's LISTEN session once it listens (its LISTEN done: the last statement it ran
+    is that or its ping). A session still starting is not it yet: ended then, the relay's
+    attempt fails and is tried again, which is not the loss of a listening session."""
     return await conn.fetchrow(
         "SELECT pid, backend_start FROM pg_stat_activity "
-        "WHERE application_name LIKE 'outbox-relay listener%' AND datname = current_database()"
-    )
+        "WHERE application_name LIKE 'outbox-relay listener%' AND datname = current_database() "
+        "AND state = 'idle' AND (query ILIKE 'LISTEN %' OR query = $1)", PING)
+
+
+PING = Queries(TableNames(None, "queue_message", "queue_message_notify"))["ping"]
 
 
 async def test_lost_notification__rows_committed_while_listen_connection_is_down_are_delivered(

@@ -45,7 +45,9 @@ async def test_worker_session_on_pg18__a_transaction_past_the_batchs_longest_pat
             with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
                 await _busy_transaction(conn, bound_s + 10)
             ended_s = time.monotonic() - started
-        assert bound_s - 0.5 <= ended_s < bound_s + 3, f"ended after {ended_s:.1f}s"
+        # Not before the bound; after it, by the server (left alone, the transaction would run
+        # 10 s longer): how soon after is the machine's load.
+        assert bound_s - 0.5 <= ended_s < bound_s + 9, f"ended after {ended_s:.1f}s"
     finally:
         await outbox.close()
 

@@ -54,7 +54,8 @@ async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_kill
 
         # A row while the sleeper sleeps: notified, delivered by either relay.
         [row_id] = await insert_rows(conn, env.exchange, "rk", [{}])
-        await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=5, what="delivery")
+        await wait_until(lambda: _delivered(env.pg_dsn, row_id), timeout_s=POLL_S / 3,
+                         what="delivery")
 
         sleeper.kill()
         await wait_until(lambda: _holder_is(env.pg_dsn, waiter.pid), timeout_s=10,
@@ -65,7 +66,7 @@ async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_kill
         [orphan] = await insert_rows(conn, env.exchange, "rk", [{}])
         await wait_until(lambda: _delivered(env.pg_dsn, orphan), timeout_s=POLL_S / 3,
                          what="the row committed during the hand-over, before the periodic sweep")
-        assert time.monotonic() - started < 5
+        print(f"delivered {time.monotonic() - started:.2f} s after its commit")
         await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the new sleeper asleep")
         assert waiter.alive()
 
@@ -115,7 +116,7 @@ async def test_sleeper_that_cannot_publish__hands_the_role_over_and_rows_flow_at
                 [row_id] = await insert_rows(conn, env.exchange, "rk", [{}])
                 await wait_until(lambda rid=row_id: _delivered(env.pg_dsn, rid),  # type: ignore[misc]
                                  timeout_s=POLL_S / 3, what="a later row, before any poll")
-                assert time.monotonic() - started < 2
+                print(f"delivered {time.monotonic() - started:.2f} s after its commit")
             assert any(e.get("event") == "wakeup_role_released" for e in sleeper.log_events())
             assert sleeper.alive()
             assert other.alive()

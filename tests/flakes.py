@@ -1,0 +1,84 @@
+"""The flake finder: run chosen tests several rounds with a CPU hog on one core (the load a
+second pytest worker or another CI run puts on this 2-core machine) and list every test that
+ever failed, with how often.
+
+    .venv/bin/python tests/flakes.py --rounds 5 tests/integration/test_fair_claims.py
+    .venv/bin/python tests/flakes.py --rounds 5 -m timing tests/integration tests/chaos
+    .venv/bin/python tests/flakes.py --no-hog --rounds 3 tests/integration/test_migrate.py
+
+Every argument after the options goes to pytest (paths, -k, -m). The tests run on one process
+(no xdist), as the suite's second part does, against the machine's servers. Exit status 0 only
+when no test failed in any round. The hog is a busy loop pinned to CPU 0, started before the
+first round and stopped after the last, also when the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HOG = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
+
+
+def failures(junit: Path) -> tuple[int, list[str]]:
+    """Tests run and those that failed or errored in one round's JUnit XML report."""
+    root = ET.parse(junit).getroot()  # noqa: S314 - the report our own pytest just wrote
+    ran = 0
+    failed = []
+    for case in root.iter("testcase"):
+        ran += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(f"{case.get('classname')}::{case.get('name')}")
+    return ran, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python tests/flakes.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds to run (default 5)")
+    parser.add_argument("--no-hog", action="store_true", help="run without the CPU hog")
+    args, pytest_args = parser.parse_known_args()
+    if not pytest_args:
+        parser.error("give the tests to run (paths, -k or -m, as for pytest)")
+    hog = None if args.no_hog else subprocess.Popen([sys.executable, "-c", HOG])
+    seen: Counter[str] = Counter()
+    ran_total = 0
+    try:
+        with tempfile.TemporaryDirectory(prefix="flakes-") as tmp:
+            for number in range(1, args.rounds + 1):
+                junit = Path(tmp) / f"round-{number}.xml"
+                started = time.monotonic()
+                subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q",
+                                "-p", "no:cacheprovider", f"--junitxml={junit}",
+                                *pytest_args], cwd=REPO, check=False,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                ran, failed = failures(junit) if junit.exists() else (0, ["(no report)"])
+                ran_total += ran
+                seen.update(failed)
+                print(f"round {number}/{args.rounds}: {ran} tests, {len(failed)} failed, "
+                      f"{time.monotonic() - started:.0f} s"
+                      f"{' (load ' + str(os.getloadavg()[0]) + ')' if failed else ''}",
+                      flush=True)
+                for name in failed:
+                    print(f"  FAILED {name}", flush=True)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    print(f"{args.rounds} rounds{'' if args.no_hog else ' under a CPU hog on one core'}: "
+          f"{ran_total} test runs, {sum(seen.values())} failures")
+    for name, count in seen.most_common():
+        print(f"  {count}/{args.rounds}  {name}")
+    return 1 if seen or ran_total == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
