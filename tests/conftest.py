@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,6 +29,13 @@ RUN_ID = secrets.token_hex(3)
 collect_ignore = [] if os.environ.get("RELAY_TEST_IMAGE") else ["image"]
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 PG18_PREFIX = "relay-pg18-"
+
+# A run started as a background job of a non-interactive shell (`bash .ci/run &`, nohup) has
+# SIGINT ignored (POSIX), and so would every process the tests start: a test that ends a relay
+# command with Ctrl-C's SIGINT found it running on. Python's own handler again, so that the
+# processes the tests start get the default one.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
