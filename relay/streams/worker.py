@@ -4,7 +4,7 @@ Each relay with RELAY_STREAMS=true runs one. It notes itself alive, takes free s
 share (slots / stream relays alive), and for each slot it owns runs one loop:
 
 1. before the slot gives ids in a stream or sends to it on a connection, it asks the broker for
-   the highest publishing id it stored for the slot's producer name there (its mark, _sync):
+   the highest publishing id it stored for the slot's producer name there (its mark; marks.sync):
    when the database gave that id, the slot's rows at or below it were stored (their sender
    died before deleting them) and are deleted unsent; when the mark is above every id the
    database gave (a restore, a failover to a standby that lagged), those rows are sent again
@@ -328,7 +328,6 @@ class StreamWorker:
         except StreamGone as exc:
             self._stream_waits(stream, "stream_missing", error=str(exc))
 
-
     async def _send(self, store: StreamStore, producer: SlotProducer,
                     rows: list[StreamRow]) -> bool:
         """Send the rows, stream by stream; whether any row was settled, refused or parked. A
@@ -414,4 +413,3 @@ def _frames(rows: list[Outgoing]) -> list[list[Outgoing]]:
         frames[-1].append(r)
         size += len(r.body)
     return [f for f in frames if f]
-
