@@ -5,7 +5,7 @@
 2. then, one at a time with nothing beside them, the tests that restart, cut or load what every
    test shares: the chaos, HA and soak tests, the Spark jobs and those marked `alone`.
 
-    .venv/bin/python tests/run.py -q -rs          # the suite (README's test command)
+    .venv/bin/python tests/run.py -q -rfEs        # the suite (README's test command)
     .venv/bin/python tests/run.py -q tests/unit   # the same split over a part of it
 
 Options are pytest's and go to both parts. Exit status 0 only when both parts passed (a part
