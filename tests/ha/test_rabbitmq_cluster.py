@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,32 +28,52 @@ from tests.kit.producer import fresh_ids, insert_with_ids
 
 pytestmark = [
     pytest.mark.ha,
-    # Three Erlang VMs start, cluster and stop: 95 s on a quiet 2-core machine with 100,000
-    # rows; the bound leaves room for a loaded one (see docs/operations.md).
+    # Three Erlang VMs start, cluster and stop, once for the module; a test's two node stops
+    # take about a minute on a quiet 2-core machine; the bound leaves room for a loaded one.
     pytest.mark.timeout(600),
 ]
 
 # At least this many rows, produced at a steady pace over PRODUCE_S (and on, until both stops
 # are done), so that rows flow while each node stops.
-ROWS = int(os.environ.get("RELAY_TEST_HA_ROWS", "100000"))
+ROWS = int(os.environ.get("RELAY_TEST_HA_ROWS", "30000"))
 PRODUCE_S, CHUNK = 30.0, 1000
 BATCH_SIZE, CONCURRENCY, RELAYS = 200, 2, 2
 # Seconds without a new delivery (while rows are missing) that count as a stall.
 STALL_S = 60.0
 
 
-@pytest.fixture
-def cluster() -> Iterator[RabbitCluster]:
-    """A started 3-node cluster, destroyed (processes and folders) after the test; nodes an
-    earlier, killed run left behind are removed first."""
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[RabbitCluster]:
+    """One started 3-node cluster for the module's tests (three Erlang VMs take about 20 s to
+    start and join), destroyed (processes and folders) after them; nodes an earlier, killed run
+    left behind are removed first. A cluster that fails to form is thrown away and started once
+    more; the first failure is reported as a warning, so that a run says what went wrong."""
     strays = remove_strays()
     if strays:
         print(f"[ha] removed stray nodes of an earlier run: {strays}")
     nodes = RabbitCluster(3)
     try:
-        yield nodes.start()
+        nodes.start()
+    except (RuntimeError, subprocess.TimeoutExpired) as first:
+        nodes.destroy()
+        warnings.warn(f"a private RabbitMQ cluster failed to form, started again: {first}",
+                      stacklevel=1)
+        nodes = RabbitCluster(3)
+        nodes.start()
+    try:
+        yield nodes
     finally:
         nodes.destroy()
+
+
+@pytest.fixture
+def cluster(shared_cluster: RabbitCluster) -> RabbitCluster:
+    """The module's cluster with every node's application running (a test that failed half
+    way may have left nodes stopped); each test declares its own exchanges and queues."""
+    for node in list(shared_cluster.nodes):
+        if node.nodename in shared_cluster.stopped:
+            shared_cluster.start_node(node)
+    return shared_cluster
 
 
 async def _declare(url: str, exchange: str, queue: str) -> None:
