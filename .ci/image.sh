@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Builds the project's two images (runtime, spark) with a local Docker engine and exercises them
 # against the machine's PostgreSQL and RabbitMQ, alone and as the compose demo's services
-# (tests/image/). Called by .ci/run; idempotent.
+# (tests/image/). Idempotent.
+#
+#   bash .ci/image.sh          # both phases
+#   bash .ci/image.sh packages # only the engine's Debian packages (apt: one installer at a time)
+#   bash .ci/image.sh build    # the engine's packages, the base image and both images
+#   bash .ci/image.sh test     # tests/image against the images built (needs .venv)
+#
+# .ci/run builds while the machine sets up, lints and runs the mutation check (network and disk
+# mostly), and runs the images' tests after the suite, so that no test runs beside a build.
 #
 # No image registry answers here, so the base image is made locally: a Debian bookworm with
 # Python 3.11 by debootstrap from the mirror apt uses, with this machine's CA bundle (the
@@ -11,6 +19,8 @@
 # stopped first; the engine stops when this script ends, however it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PHASES=${1:-all}
+case "$PHASES" in all|packages|build|test) ;; *) echo "usage: $0 [packages|build|test]" >&2; exit 2 ;; esac
 
 STATE=${RELAY_CI_DOCKER_STATE:-/var/tmp/outbox-relay-ci-docker}
 export DOCKER_HOST="unix://$STATE/docker.sock"
@@ -39,6 +49,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+[ "$PHASES" != packages ] || exit 0
+
 mkdir -p "$STATE"
 stop_engine  # what an interrupted run left
 trap stop_engine EXIT
@@ -49,20 +61,6 @@ dockerd --iptables=false --bridge=none --storage-driver=vfs \
 for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
 docker info >/dev/null
 
-if ! docker image inspect "$BASE" >/dev/null 2>&1; then
-  # The mirror apt uses for bookworm's main component.
-  mirror=$(apt-cache policy | awk '$3 == "bookworm/main" {print $2; exit}')
-  log "base image from debootstrap ($mirror)"
-  rootfs="$STATE/rootfs"
-  rm -rf "$rootfs"
-  debootstrap --variant=minbase \
-    --include=python3,python3-venv,python-is-python3,ca-certificates \
-    bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" >"$STATE/debootstrap.log" 2>&1
-  cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
-  tar -C "$rootfs" -c . | docker import - "$BASE" >/dev/null
-  rm -rf "$rootfs"
-fi
-
 build() {  # build <target> <tag>
   local started=$SECONDS
   docker build --network host --build-arg "PYTHON_IMAGE=$BASE" --target "$1" -t "$2" . \
@@ -70,9 +68,31 @@ build() {  # build <target> <tag>
   log "built $2 in $((SECONDS - started)) s: $(docker image inspect -f '{{.Size}}' "$2" \
     | awk '{printf "%.0f MB", $1 / 1e6}')"
 }
-build runtime outbox-relay:ci
-build spark outbox-relay-spark:ci
 
-log "exercising both images (tests/image)"
-RELAY_TEST_IMAGE=outbox-relay:ci RELAY_TEST_SPARK_IMAGE=outbox-relay-spark:ci \
-  .venv/bin/pytest -q -s -p no:cacheprovider tests/image
+if [ "$PHASES" != test ]; then
+  if ! docker image inspect "$BASE" >/dev/null 2>&1; then
+    # The mirror apt uses for bookworm's main component.
+    mirror=$(apt-cache policy | awk '$3 == "bookworm/main" {print $2; exit}')
+    log "base image from debootstrap ($mirror)"
+    rootfs="$STATE/rootfs"
+    rm -rf "$rootfs"
+    debootstrap --variant=minbase \
+      --include=python3,python3-venv,python-is-python3,ca-certificates \
+      bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" >"$STATE/debootstrap.log" 2>&1
+    cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
+    tar -C "$rootfs" -c . | docker import - "$BASE" >/dev/null
+    rm -rf "$rootfs"
+  fi
+  build runtime outbox-relay:ci
+  build spark outbox-relay-spark:ci
+fi
+
+if [ "$PHASES" != build ]; then
+  for image in outbox-relay:ci outbox-relay-spark:ci; do
+    docker image inspect "$image" >/dev/null 2>&1 \
+      || { echo "image $image is not built: run bash .ci/image.sh build" >&2; exit 1; }
+  done
+  log "exercising both images (tests/image)"
+  RELAY_TEST_IMAGE=outbox-relay:ci RELAY_TEST_SPARK_IMAGE=outbox-relay-spark:ci \
+    .venv/bin/pytest -q -s -p no:cacheprovider tests/image
+fi
