@@ -639,18 +639,21 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean
 -- (relay/pg/deadletters.py: `relay dead ...` and `relay prune`)
 
 -- name: dead_list
+-- Dead letters, oldest first ($1: a reason code or NULL, $2: at most). A reason filter, here
+-- and in every statement below, is the reason's code (its text before the first ':'), exact:
+-- `internal` never takes a letter whose text mentions an exchange named `billing-internal`.
 SELECT id::text AS id, dead_at, attempts, exchange, routing_key, reason
 FROM {dead}
-WHERE ($1::text IS NULL OR strpos(lower(reason), lower($1)) > 0)
+WHERE ($1::text IS NULL OR lower(split_part(reason, ':', 1)) = lower($1))
 ORDER BY dead_at, dead_id
 LIMIT $2
 
 -- name: dead_count_matching
--- How many dead letters a filter matches ($1 ids or NULL, $2 reason text or NULL, $3 minimum
+-- How many dead letters a filter matches ($1 ids or NULL, $2 reason code or NULL, $3 minimum
 -- age in seconds or NULL): the "N of M" of listings and the total of long operations.
 SELECT count(*) FROM {dead}
 WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
-  AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
+  AND ($2::text IS NULL OR lower(split_part(reason, ':', 1)) = lower($2))
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
 
 -- name: dead_since
@@ -676,7 +679,7 @@ ORDER BY dead_id DESC
 -- One entry per id (an id parked twice has two dead letters; replay moves the latest).
 SELECT id::text FROM {dead}
 WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
-  AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
+  AND ($2::text IS NULL OR lower(split_part(reason, ':', 1)) = lower($2))
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
 GROUP BY id
 ORDER BY min(dead_at), min(dead_id)
@@ -703,10 +706,10 @@ ORDER BY d.dead_id
 -- name: dead_snapshot_keys
 -- The dead letters a purge will delete, by their own key (dead_id), fixed when it starts: an
 -- id parked again under another reason keeps its other dead letters. Filters as
--- dead_snapshot; the reason matches as literal text, any case.
+-- dead_snapshot.
 SELECT dead_id FROM {dead}
 WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
-  AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)
+  AND ($2::text IS NULL OR lower(split_part(reason, ':', 1)) = lower($2))
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
 ORDER BY dead_at, dead_id
 LIMIT $4
@@ -1076,17 +1079,26 @@ SELECT pg_advisory_unlock({wakeup_lock_class}, {stream_literal}::regclass::oid::
 SELECT {stream_park_fn}($1::uuid[], $2::text)
 
 -- name: stream_dead_list
--- `relay dead list --streams`: parked stream rows, oldest first ($1: reason text or NULL, $2:
+-- `relay dead list --streams`: parked stream rows, oldest first ($1: reason code or NULL, $2:
 -- at most).
 SELECT id::text AS id, dead_at, stream, octet_length(content::text) AS bytes, reason
 FROM {stream_dead}
-WHERE ($1::text IS NULL OR strpos(lower(reason), lower($1)) > 0)
+WHERE ($1::text IS NULL OR lower(split_part(reason, ':', 1)) = lower($1))
 ORDER BY dead_at, dead_id
 LIMIT $2
 
+-- name: stream_dead_ids
+-- The parked stream rows of a reason code ($1), oldest first: what a replay by reason moves.
+-- Replay moves an id's latest parking, so an id counts when its latest parking has that code.
+SELECT id::text FROM {stream_dead}
+WHERE dead_id IN (SELECT max(dead_id) FROM {stream_dead} GROUP BY id)
+  AND lower(split_part(reason, ':', 1)) = lower($1)
+ORDER BY dead_at, dead_id
+
 -- name: stream_dead_replay
 -- `relay dead replay --streams`: parked stream rows back into the stream table, same id and
--- content, to be sent again ($1: ids or NULL for all, $2: reason text or NULL), through
+-- content, to be sent again ($1: ids or NULL for all, $2 NULL: a reason is resolved to ids by
+-- stream_dead_ids first, so that it matches as the other statements' do), through
 -- {stream_replay_fn} (sql/migrations/0020_stream_definer_functions.sql): the relay role has no
 -- INSERT on the stream table. The ids moved.
 SELECT {stream_replay_fn}($1::uuid[], $2::text)

@@ -83,9 +83,9 @@ async def _list_streams(dl: DeadLetters, args: argparse.Namespace) -> int:
 
 async def _replay_streams(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
     if args.older_than or args.limit or args.dry_run:
-        raise UsageError("replay --streams takes IDs, --reason TEXT or --all")
+        raise UsageError("replay --streams takes IDs, --reason CODE or --all")
     if not (args.ids or args.reason or args.all):
-        raise UsageError("replay what? give IDs, --reason TEXT or --all")
+        raise UsageError("replay what? give IDs, --reason CODE or --all")
     moved = await dl.stream_replay(args.ids or None, args.reason)
     _say_missing(args.ids, moved, "parked stream row")
     print(f"moved {len(moved)} parked stream row(s) back into {table}_stream")
@@ -134,7 +134,7 @@ async def _replay(dl: DeadLetters, args: argparse.Namespace, table: str) -> int:
         return await _replay_streams(dl, args, table)
     which = _filter(args)
     if not (which.narrows or args.all):
-        raise UsageError("replay what? give IDs, --reason TEXT, --older-than AGE or --all")
+        raise UsageError("replay what? give IDs, --reason CODE, --older-than AGE or --all")
     ids = await dl.snapshot(which)
     _say_missing(which.ids, ids)
     if args.dry_run:
@@ -152,7 +152,7 @@ async def _purge(dl: DeadLetters, args: argparse.Namespace) -> int:
     if not (which.narrows or args.all):
         total = await dl.count(which)
         raise UsageError(f"purge would delete all {total} dead letter(s): say --all, or "
-                         "narrow it with --older-than AGE, --reason TEXT or IDs")
+                         "narrow it with --older-than AGE, --reason CODE or IDs")
     if which.ids:
         _say_missing(which.ids, await dl.snapshot(which))
     # By each dead letter's own key: an id parked again under another reason keeps the
@@ -217,7 +217,8 @@ def make_prune_command(with_dead_letters: WithDeadLetters) -> Callable[..., int]
 def _changing(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("ids", nargs="*", metavar="ID")
     p.add_argument("--all", action="store_true", help=f"{verb} every dead letter")
-    p.add_argument("--reason", help=f"{verb} those whose reason contains TEXT")
+    p.add_argument("--reason", metavar="CODE",
+                   help=f"{verb} those of this reason code (the text before ':', any case)")
     p.add_argument("--older-than", help=f"{verb} those dead for longer than this (7d, 12h)")
     p.add_argument("--limit", type=int, help=f"{verb} at most N (oldest first)")
     p.add_argument("--dry-run", action="store_true", help=f"say how many; {verb} nothing")
@@ -234,7 +235,8 @@ def add_failure_commands(add: Callable[..., argparse.ArgumentParser],
     p = actions.add_parser("list", help="dead letters, oldest first")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    p.add_argument("--reason", help="only those whose reason contains TEXT (case-insensitive)")
+    p.add_argument("--reason", metavar="CODE",
+                   help="only those of this reason code (the text before ':', any case)")
     p.add_argument("--streams", action="store_true",
                    help="stream rows parked as too large to send (<table>_stream_dead)")
     p = actions.add_parser("show", help="every column of one dead letter, as JSON")

@@ -78,21 +78,28 @@ const out = document.getElementById('admin-result');
 token.value = sessionStorage.getItem('relay-admin-token') || '';
 out.textContent = sessionStorage.getItem('relay-admin-result') || '';
 token.addEventListener('input', () => sessionStorage.setItem('relay-admin-token', token.value));
+async function call(act, body) {
+  const r = await fetch('/admin/dead/' + act, {method: 'POST', headers: {
+    'Authorization': 'Bearer ' + token.value, 'Content-Type': 'application/json'},
+    body: JSON.stringify(body)});
+  const j = await r.json();
+  if (!r.ok) throw new Error(j.error || r.status);
+  return j;
+}
 for (const b of document.querySelectorAll('button[data-act]')) {
   b.addEventListener('click', async () => {
     const act = b.dataset.act, reason = b.dataset.reason;
-    if (act === 'purge' && !confirm('Delete every dead letter whose reason contains "'
-                                    + reason + '"?')) return;
     let msg;
     try {
-      const r = await fetch('/admin/dead/' + act, {method: 'POST', headers: {
-        'Authorization': 'Bearer ' + token.value, 'Content-Type': 'application/json'},
-        body: JSON.stringify({reason: reason})});
-      const j = await r.json();
-      msg = act + ' ' + reason + ': ' + (r.ok ? (act === 'replay'
+      // How many letters of exactly this reason code the action touches, asked at the click.
+      const n = (await call(act, {reason: reason, dry_run: true})).would;
+      const verb = act === 'purge' ? 'Delete' : 'Replay';
+      if (!confirm(verb + ' ' + n + ' dead letter(s) of reason "' + reason + '"?')) return;
+      const j = await call(act, {reason: reason});
+      msg = act + ' ' + reason + ': ' + (act === 'replay'
             ? 'replayed ' + j.replayed.length + ', left ' + j.left.length
-            : 'purged ' + j.purged) : (j.error || r.status));
-    } catch (e) { msg = act + ' ' + reason + ': ' + e; }
+            : 'purged ' + j.purged);
+    } catch (e) { msg = act + ' ' + reason + ': ' + e.message; }
     sessionStorage.setItem('relay-admin-result', msg);
     out.textContent = msg;
   });

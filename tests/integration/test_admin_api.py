@@ -22,7 +22,7 @@ from tests.helpers import Env, pg_fetchval, pg_session, wait_until
 from tests.integration.test_status_page import CHROMIUM_FLAGS
 from tests.kit.consumer import Consumer
 from tests.kit.ports import free_port
-from tests.kit.producer import insert_rows
+from tests.kit.producer import add_dead_letters, insert_rows
 
 Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
 TOKEN = "s3cret-admin-token-0123456789"
@@ -238,27 +238,36 @@ class DevTools:
         os.close(self._from_browser)
 
 
-# Type the token into the page's field and press the first Replay button; what the page says
-# of the call is kept in the tab's sessionStorage (the page reloads itself every 5 s).
-CLICK_REPLAY = """
+# Type the token into the page's field and press a button (BUTTON: its selector), answering
+# its confirm dialog yes; what the dialog asked and what the page says of the call are kept in
+# the tab's sessionStorage (the page reloads itself every 5 s).
+CLICK = """
 (() => {
   sessionStorage.removeItem('relay-admin-result');
+  sessionStorage.removeItem('relay-test-confirm');
+  window.confirm = (m) => { sessionStorage.setItem('relay-test-confirm', m); return true; };
   const token = document.getElementById('token');
   token.value = TOKEN; token.dispatchEvent(new Event('input'));
-  document.querySelector('button[data-act="replay"]').click();
+  document.querySelector(BUTTON).click();
   return true;
 })()
 """
 PAGE_READY = ("document.readyState === 'complete' "
               "&& !!document.querySelector('button[data-act=replay]')")
 RESULT = "sessionStorage.getItem('relay-admin-result')"
+CONFIRMED = "sessionStorage.getItem('relay-test-confirm') || ''"
 
 
-def _press_replay(browser: DevTools, url: str, token: str) -> str:
+def _press(browser: DevTools, url: str, token: str, act: str = "replay",
+           reason: str | None = None) -> tuple[str, str]:
+    """Press a button of the page: what the page said of it, and what its confirm asked."""
+    button = f'button[data-act="{act}"]' + (f'[data-reason="{reason}"]' if reason else "")
     browser.open(url)
     browser.wait_for(PAGE_READY)
-    browser.wait_for(CLICK_REPLAY.replace("TOKEN", json.dumps(token)))
-    return str(browser.wait_for(RESULT))
+    browser.wait_for(CLICK.replace("TOKEN", json.dumps(token))
+                     .replace("BUTTON", json.dumps(button)))
+    result = str(browser.wait_for(RESULT))
+    return result, str(browser.evaluate(CONFIRMED))
 
 
 async def test_status_page__a_parked_row_replayed_from_the_page_reaches_the_consumer(
@@ -273,13 +282,39 @@ async def test_status_page__a_parked_row_replayed_from_the_page_reaches_the_cons
     browser = DevTools(tmp_path / "profile")
     url = f"http://127.0.0.1:{port}/status"
     try:
-        refused = await asyncio.to_thread(_press_replay, browser, url, "wrong" * 5)
+        refused, _ = await asyncio.to_thread(_press, browser, url, "wrong" * 5)
         assert await _dead(env) == 1
-        done = await asyncio.to_thread(_press_replay, browser, url, TOKEN)
+        done, asked = await asyncio.to_thread(_press, browser, url, TOKEN)
     finally:
         browser.close()
     assert refused.startswith("replay exchange was missing: a valid `Authorization"), refused
+    assert asked == 'Replay 1 dead letter(s) of reason "exchange was missing"?'
     assert done == "replay exchange was missing: replayed 1, left 0"
     await consumer.wait_for(1, timeout_s=30)
     assert consumer.ids == parked
     assert await _dead(env) == 0
+
+
+async def test_status_page__purge_deletes_exactly_the_reason_code_it_names_and_says_how_many(
+    env: Env, start_relay: Any, tmp_path: Path,
+) -> None:
+    """In a real headless Chromium: 2 letters of reason `internal` and 50 whose text names an
+    exchange `x-internal`. The page's Purge of `internal` used to ask "every dead letter whose
+    reason contains internal?" and delete all 52; it now asks about the 2 and deletes those."""
+    await add_dead_letters(env.pg_dsn, 2, reason="internal: a bug in the relay's path")
+    await add_dead_letters(env.pg_dsn, 50, exchange="x-internal",
+                           reason="exchange_not_found: exchange 'x-internal' in vhost '/'")
+    port = free_port()
+    start_relay(http_port=port, admin_token=TOKEN)
+    await _up(port)
+    browser = DevTools(tmp_path / "profile")
+    try:
+        done, asked = await asyncio.to_thread(
+            _press, browser, f"http://127.0.0.1:{port}/status", TOKEN, "purge", "internal")
+    finally:
+        browser.close()
+    assert asked == 'Delete 2 dead letter(s) of reason "internal"?'
+    assert done == "purge internal: purged 2"
+    left = await pg_fetchval(env.pg_dsn, "SELECT array_agg(DISTINCT split_part(reason, ':', 1)) "
+                                         "FROM queue_message_dead")
+    assert (left, await _dead(env)) == (["exchange_not_found"], 50)

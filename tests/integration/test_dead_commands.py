@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
+from relay.app import database_config
+from relay.pg.deadletters import UsageError, admin_action
+from relay.settings import Settings
 from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_fetch, pg_session, wait_until
 from tests.kit.producer import add_dead_letters, insert_rows
 
@@ -131,3 +136,39 @@ async def test_dead_purge__deletes_only_the_dead_letters_that_matched_and_reads_
     assert "purged 1 dead letter(s)" in done.stdout, done.stdout + done.stderr
     left = await pg_fetch(env.pg_dsn, f"SELECT id::text, reason FROM {DEAD} ORDER BY dead_id")
     assert [r["reason"].split(":")[0] for r in left] == ["invalid_option", "invalid_row"]
+
+
+async def test_dead_reason__a_filter_is_the_reasons_code_exactly_never_a_word_in_its_text(
+    env: Env,
+) -> None:
+    """Purge and replay by reason used to match any letter whose reason *contained* the text:
+    purging the 2 `internal` letters also deleted 50 whose text named an exchange
+    `x-internal` (52 gone). A reason filter is now the reason's code (the text before ':'),
+    exact (any case), in the CLI, the admin API and the page's buttons alike; text with a ':'
+    is refused, naming what a filter takes."""
+    await add_dead_letters(env.pg_dsn, 2, reason="internal: a bug in the relay's path")
+    await add_dead_letters(env.pg_dsn, 50, exchange="x-internal",
+                           reason="exchange_not_found: exchange 'x-internal' in vhost '/'")
+
+    listed = relay(env, "dead", "list", "--reason", "internal")
+    assert "2 of 2 dead letter(s)" in listed.stdout, listed.stdout + listed.stderr
+    dry = relay(env, "dead", "purge", "--reason", "internal", "--dry-run")
+    assert "would purge 2 dead letter(s)" in dry.stdout, dry.stdout + dry.stderr
+    text = relay(env, "dead", "purge", "--reason", "exchange_not_found: exchange")
+    assert text.returncode == 2, text.stderr
+    assert "a reason code" in text.stderr
+    assert "Traceback" not in text.stderr
+    done = relay(env, "dead", "purge", "--reason", "internal")
+    assert "purged 2 dead letter(s)" in done.stdout, done.stdout + done.stderr
+    left = await pg_fetch(env.pg_dsn, f"SELECT split_part(reason, ':', 1) AS code FROM {DEAD}")
+    assert [r["code"] for r in left] == ["exchange_not_found"] * 50
+
+    # The admin API (what the page's buttons call): the same rule.
+    db = database_config(Settings(pg_dsn=env.pg_dsn))
+    await add_dead_letters(env.pg_dsn, 2, reason="internal: again")
+    assert await admin_action(db, "purge", {"reason": "internal", "dry_run": True}) == {"would": 2}
+    assert await admin_action(db, "purge", {"reason": "INTERNAL"}) == {"purged": 2}
+    assert len(await admin_action(db, "list", {"reason": "exchange_not_found"})) == 50
+    with pytest.raises(UsageError, match="a reason code"):
+        await admin_action(db, "purge", {"reason": "x-internal: x"})
+    assert await count_rows(env.pg_dsn, DEAD) == 50

@@ -86,7 +86,7 @@ async def test_dead_commands__list_show_replay_keep_the_id_and_purge(
     one = _relay_cli(env, "dead", "replay", bad[0])
     assert "replayed 1" in one.stdout, one.stdout + one.stderr
     await consumer.wait_for(1)
-    rest = _relay_cli(env, "dead", "replay", "--reason", "PRIORITY")
+    rest = _relay_cli(env, "dead", "replay", "--reason", "INVALID_OPTION")
     assert "replayed 2" in rest.stdout
     await consumer.wait_for(3)
     assert sorted(consumer.ids) == sorted(bad), "replay keeps the original id as message_id"

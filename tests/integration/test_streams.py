@@ -140,6 +140,25 @@ async def test_streams__replay_moves_an_id_once_and_never_over_a_row_still_waiti
     assert [(r["id"], r["reason"]) for r in left] == [(twice, "first"), (waiting, "r")]
 
 
+async def test_streams__replay_by_reason_moves_that_code_only(env: Env, stream: str) -> None:
+    """`relay dead replay --streams --reason too_large` moves the rows parked with that reason
+    code, not one whose reason text merely mentions it; text with a ':' is refused."""
+    big, other = str(uuid.uuid4()), str(uuid.uuid4())
+    await pg_fetch(env.pg_dsn, "INSERT INTO queue_message_stream_dead "
+                   "(id, stream, content, created_at, reason) VALUES "
+                   "($1, $3, '{}', now(), 'too_large: 2 MiB over the frame_max'), "
+                   "($2, $3, '{}', now(), 'internal: not too_large at all')",
+                   big, other, stream)
+    assert "a reason code" in relay_cmd(env, "dead", "replay", "--streams", "--reason",
+                                        "too_large: 2 MiB", expect=2)
+    out = relay_cmd(env, "dead", "replay", "--streams", "--reason", "too_large")
+    assert "moved 1 parked stream row(s) back" in out
+    back = await pg_fetch(env.pg_dsn, "SELECT id::text FROM queue_message_stream")
+    assert [r["id"] for r in back] == [big]
+    left = await pg_fetch(env.pg_dsn, "SELECT id::text FROM queue_message_stream_dead")
+    assert [r["id"] for r in left] == [other]
+
+
 SLEEPERS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND mode = 'ExclusiveLock' AND objid = 'queue_message_stream'::regclass::oid "
             "AND objsubid = 2 "

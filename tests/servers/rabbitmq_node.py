@@ -211,7 +211,10 @@ class RabbitNode:
                 return
             except RabbitNodeError as e:
                 not_up_yet = ("not running at all" in str(e)  # its name not registered yet
-                              or "unable to connect to epmd" in str(e))  # epmd not started yet
+                              or "unable to connect to epmd" in str(e)  # epmd not started yet
+                              # the VM answers, its boot has not reached the application yet
+                              # (exit 69; seen in CI under load)
+                              or "'rabbit' application not running" in str(e))
                 if not not_up_yet or time.monotonic() > deadline:
                     raise
             time.sleep(0.5)
