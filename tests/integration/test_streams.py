@@ -110,7 +110,7 @@ async def test_streams__a_row_too_large_for_a_frame_is_parked_and_the_rows_after
     assert [(r["id"], r["n"]) for r in back] == [(ids[3], parked[0]["n"])]
     assert await count_rows(env.pg_dsn, "queue_message_stream_dead") == 0
     refused = relay_cmd(env, "dead", "replay", "--streams", expect=2)
-    assert "replay what? give IDs, --reason TEXT or --all" in refused
+    assert "replay what? give IDs, --reason CODE or --all" in refused
     assert "Traceback" not in refused
 
 
