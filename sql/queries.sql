@@ -1097,11 +1097,12 @@ ORDER BY dead_at, dead_id
 
 -- name: stream_dead_replay
 -- `relay dead replay --streams`: parked stream rows back into the stream table, same id and
--- content, to be sent again ($1: ids or NULL for all, $2 NULL: a reason is resolved to ids by
--- stream_dead_ids first, so that it matches as the other statements' do), through
--- {stream_replay_fn} (sql/migrations/0020_stream_definer_functions.sql): the relay role has no
--- INSERT on the stream table. The ids moved.
-SELECT {stream_replay_fn}($1::uuid[], $2::text)
+-- content, to be sent again ($1: ids or NULL for all; a reason is resolved to ids by
+-- stream_dead_ids first, so that it matches as the other statements' do, and the function's
+-- own reason filter is not used), through {stream_replay_fn}
+-- (sql/migrations/0020_stream_definer_functions.sql): the relay role has no INSERT on the
+-- stream table. The ids moved.
+SELECT {stream_replay_fn}($1::uuid[], NULL)
 
 -- name: stream_status
 -- `relay status`: rows waiting for their streams, how long the oldest has waited, and rows

@@ -152,15 +152,15 @@ class DeadLetters:
     async def stream_replay(self, ids: list[str] | None, reason: str | None) -> list[str]:
         """Move parked stream rows back into the stream table, in one transaction: these ids
         (None: every one), only those of one reason code; the ids moved."""
+        if ids is not None:
+            check_ids(ids)
         code = reason_code(reason)
         if code is not None:
             of_reason = [r[0] for r in await self._fetch("stream_dead_ids", code)]
-            ids = (of_reason if ids is None
-                   else [i for i in check_ids(ids) if i.lower() in of_reason])
+            ids = of_reason if ids is None else [i for i in ids if i.lower() in of_reason]
             if not ids:
                 return []
-        rows = await self._fetch("stream_dead_replay",
-                                 None if ids is None else check_ids(ids), None)
+        rows = await self._fetch("stream_dead_replay", ids)
         return [r[0] for r in rows]
 
     async def show(self, row_id: str) -> list[dict[str, Any]]:
