@@ -344,8 +344,9 @@ WHERE w.before < $2
 
 -- name: newest_transaction
 -- The express lane's look between claims: the newest transaction that has unkeyed rows (one
--- entry of the (xact, seq) index, from its end), as text: a new one means rows to claim.
-SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL
+-- entry of the (xact, seq) index, from its end, by {newest_xact_fn}: its plan cannot go cold,
+-- sql/migrations/0024_newest_xact_by_index.sql), as text: a new one means rows to claim.
+SELECT {newest_xact_fn}()::text
 
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed
@@ -539,6 +540,11 @@ WHERE available_at > now()
 SELECT pg_try_advisory_lock({leader_lock_class}, {table_oid})
 
 -- ============================================================ status
+
+-- name: whole_table_plans
+-- In a transaction of a session that plans by the indexes (relay/pg/connection.py
+-- PLANS_BY_INDEX), before statements that read the whole table (the backlog's figures).
+SET LOCAL enable_seqscan = on; SET LOCAL enable_bitmapscan = on
 
 -- name: backlog
 -- The due rows' age also by class (docs/fairness.md): rows of transactions that wrote fewer

@@ -53,7 +53,7 @@ _counter = iter(range(1, 1_000_000))
 CORE_MODULES = frozenset({
     "test_delivery", "test_verdicts", "test_ordering", "test_conditional_notify",
     "test_fair_claims", "test_keyed_claim_cost", "test_claim_statement", "test_migrate",
-    "test_security", "test_write_outbox",
+    "test_security", "test_write_outbox", "test_cold_plans",
 })
 PG_SERVERS = ("pg15", "pg18")
 

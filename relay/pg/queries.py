@@ -81,6 +81,7 @@ class TableNames:
             "claim_keyed_fn": self._q("_claim_keyed"),
             "claim_fair_fn": self._q("_claim_fair"),
             "claim_keys_fn": self._q("_claim_keys"),
+            "newest_xact_fn": self._q("_newest_xact"),
             "replay_fn": self._q("_replay"),
             "replay_fn_literal": quote_literal(self._q("_replay")),
             "dead_letter_fn": self._q("_park"),

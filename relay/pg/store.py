@@ -469,7 +469,11 @@ class Outbox:
         """The backlog figures (relay/pg/status.py: backlog_figures) for the metrics and
         /readyz, and the sessions holding a relay role's lock that are not relays."""
         with translated("reading the backlog"):
-            out = await backlog_figures(self._pool, self.q)
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Counts of the whole table: a scan is their plan (the pool's sessions plan
+                # by the indexes otherwise, relay/pg/connection.py PLANS_BY_INDEX).
+                await conn.execute(self.q["whole_table_plans"])
+                out = await backlog_figures(conn, self.q)
             strangers = await self._pool.fetch(self.q["lock_strangers"])
         out["lock_strangers"] = [dict(r) for r in strangers]
         return out

@@ -39,6 +39,24 @@ def test_connect_args__the_worker_sessions_carry_the_derived_server_limits() -> 
     assert "statement_timeout" not in wakeup["server_settings"]
 
 
+def test_connect_args__claiming_sessions_plan_by_the_indexes_unless_the_dsn_says_otherwise(
+) -> None:
+    settings = Settings(pg_dsn="postgresql://u@h/db")
+    for role in ("worker", "streams"):
+        claiming = connect_args(database_config(settings), role)["server_settings"]
+        assert (claiming["enable_seqscan"], claiming["enable_bitmapscan"]) == ("off", "off")
+    # sessions that never claim plan as the server does
+    for role in ("wakeup", "leader", "status", "listener"):
+        assert "enable_seqscan" not in connect_args(database_config(settings), role)[
+            "server_settings"]
+    # a DSN's own options win: the server applies startup settings after them
+    own = Settings(pg_dsn="postgresql://u@h/db?options=-c%20enable_seqscan%3Don")
+    claiming = connect_args(database_config(own), "worker")["server_settings"]
+    assert "enable_seqscan" not in claiming
+    assert claiming["enable_bitmapscan"] == "off"
+    assert claiming["options"] == "-c enable_seqscan=on"
+
+
 def test_settings__a_stop_shorter_than_a_publish_is_refused_naming_the_setting() -> None:
     with pytest.raises(ValueError, match="must exceed RELAY_PUBLISH_TIMEOUT_S") as exc:
         Settings(publish_timeout_s=30, shutdown_timeout_s=20)

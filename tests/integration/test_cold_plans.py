@@ -1,0 +1,157 @@
+"""Plans that cannot go cold: every statement on the claim and settle path reads a bounded part
+of the table, whatever its statistics say. The hazard: autovacuum after a quiet spell records a
+drained outbox as empty (`reltuples` 0); a relay's cached plans, made against that, scanned
+and sorted the whole bulk that came next on every claim, until the next ANALYZE (one claim of
+500 rows from 100,000 read 400,016 rows, 0.48 s, instead of 651). The relay's claiming
+sessions plan by the indexes (relay/pg/connection.py, PLANS_BY_INDEX).
+
+Each test empties and vacuums the table, runs every statement enough times on the empty table
+for the server to settle on a generic plan, commits a bulk, and then counts the rows each
+statement reads (this transaction's own table statistics)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from relay.app import database_config
+from relay.pg.connection import connect_args
+from relay.pg.seqfloor import FROM_START
+from relay.pg.store import SingleActiveWalk
+from relay.settings import Settings
+from tests.helpers import pg_session
+from tests.kit.producer import fresh_ids, insert_rows
+from tests.kit.stream import STREAM_TABLE
+
+BULK = 50_000
+LIMIT = 500
+KEYS_PER_BATCH = 16
+MAX_BYTES = 1 << 20
+MAX_MESSAGE = 16 << 20
+# Rows one statement of a batch of 500 may read: the claim's bounded walks (its fair round,
+# the fill, the keyed walks) with room to spare; a plan that scans reads the whole bulk, and a
+# plan that scans and sorts in several parts of the claim reads it several times.
+READ_BOUND = 5_000
+# The server settles on a generic plan after five executions (plan_cache_mode auto).
+WARM_UP = 8
+
+
+def _read(table: str) -> str:
+    return ("SELECT COALESCE(sum(idx_tup_fetch), 0) + COALESCE(sum(seq_tup_read), 0) "
+            f"FROM pg_stat_xact_user_tables WHERE relid = '{table}'::regclass")
+
+
+async def _rows_read(conn: asyncpg.Connection, table: str, sql: str, *args: Any) -> int:
+    """Rows of `table` the statement read, in a transaction rolled back at once."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        before = await conn.fetchval(_read(table))
+        await conn.fetch(sql, *args)
+        after = await conn.fetchval(_read(table))
+    finally:
+        await tx.rollback()
+    return int(after - before)
+
+
+async def _relay_session(dsn: str, role: str) -> asyncpg.Connection:
+    """A session as the relay opens it for `role` (its settings, its statement cache)."""
+    db = database_config(Settings(pg_dsn=dsn))
+    return await asyncpg.connect(**connect_args(db, role))
+
+
+async def _emptied_and_vacuumed(dsn: str, table: str) -> None:
+    async with pg_session(dsn) as conn:
+        await conn.execute(f"DELETE FROM {table}")
+        await conn.execute(f"VACUUM ANALYZE {table}")
+
+
+async def _stats_say_empty(conn: asyncpg.Connection, table: str) -> bool:
+    return bool(await conn.fetchval(
+        "SELECT reltuples <= 0 FROM pg_class WHERE oid = $1::regclass", table))
+
+
+def _outbox_statements(db: Any, ids: list[str]) -> dict[str, tuple[str, tuple[Any, ...]]]:
+    q = db.queries
+    walk = SingleActiveWalk()
+    return {
+        "claim (unkeyed first)": (q["claim"], (LIMIT, KEYS_PER_BATCH, False, MAX_BYTES,
+                                               FROM_START, False, None, MAX_MESSAGE, None)),
+        "claim (keyed first)": (q["claim"], (LIMIT, KEYS_PER_BATCH, False, MAX_BYTES,
+                                             FROM_START, True, None, MAX_MESSAGE, None)),
+        "claim_express": (q["claim_express"], (LIMIT, MAX_BYTES, FROM_START, None,
+                                               MAX_MESSAGE)),
+        "claim_single_active": (q["claim_single_active"], (LIMIT, False, MAX_BYTES, MAX_MESSAGE,
+                                                           walk.start(), walk.window(LIMIT))),
+        "newest_transaction": (q["newest_transaction"], ()),
+        "delete_published": (q["delete_published"], (ids,)),
+        "archive_published": (q["archive_published"], (ids,)),
+    }
+
+
+async def test_cold_plans__after_an_emptied_outbox_is_vacuumed_a_bulk_is_claimed_by_index(
+    db: str,
+) -> None:
+    config = database_config(Settings(pg_dsn=db))
+    await _emptied_and_vacuumed(db, "queue_message")
+    relay = await _relay_session(db, "worker")
+    try:
+        statements = _outbox_statements(config, fresh_ids(LIMIT))
+        for _ in range(WARM_UP):
+            for sql, args in statements.values():
+                await _rows_read(relay, "queue_message", sql, *args)
+        async with pg_session(db) as producer:
+            ids = await insert_rows(producer, "x", "rk",
+                                    ({"g": g, "pad": "x" * 100} for g in range(BULK)))
+            assert await _stats_say_empty(producer, "queue_message"), "the test's premise"
+        statements = _outbox_statements(config, ids[:LIMIT])
+        read = {name: await _rows_read(relay, "queue_message", sql, *args)
+                for name, (sql, args) in statements.items()}
+        print(f"\n[cold plans] rows read after a {BULK:,}-row bulk: {json.dumps(read)}")
+        assert all(n <= READ_BOUND for n in read.values()), (
+            f"a statement read more than {READ_BOUND:,} of {BULK:,} rows: {read}")
+        rows = await relay.fetch(*_claim(config))
+        assert len(rows) == LIMIT, "the claim still takes a full batch"
+        plan = json.dumps(await (await relay.prepare(_claim(config)[0])).explain(
+            *_claim(config)[1:]))
+        assert "Seq Scan" not in plan, plan
+        assert "Bitmap Heap Scan" not in plan, plan
+    finally:
+        await relay.close()
+
+
+def _claim(db: Any) -> tuple[Any, ...]:
+    return (db.queries["claim"], LIMIT, KEYS_PER_BATCH, False, MAX_BYTES, FROM_START, False,
+            None, MAX_MESSAGE, None)
+
+
+async def test_cold_plans__a_stream_bulk_after_a_vacuum_is_given_to_slots_by_index(
+    db: str,
+) -> None:
+    config = database_config(Settings(pg_dsn=db))
+    q = config.queries
+    await _emptied_and_vacuumed(db, STREAM_TABLE)
+    relay = await _relay_session(db, "streams")
+    statements = {
+        "stream_unsynced": (q["stream_unsynced"], (LIMIT, [])),
+        "stream_assigned": (q["stream_assigned"], (0, LIMIT)),
+    }
+    try:
+        for _ in range(WARM_UP):
+            for sql, args in statements.values():
+                await _rows_read(relay, STREAM_TABLE, sql, *args)
+        async with pg_session(db) as producer:
+            await producer.execute(
+                f"INSERT INTO {STREAM_TABLE} (stream, content) "
+                "SELECT 's' || (g % 4), jsonb_build_object('n', g, 'pad', repeat('x', 100)) "
+                "FROM generate_series(1, $1) AS g", BULK)
+            assert await _stats_say_empty(producer, STREAM_TABLE), "the test's premise"
+        read = {name: await _rows_read(relay, STREAM_TABLE, sql, *args)
+                for name, (sql, args) in statements.items()}
+        print(f"\n[cold plans] stream rows read after a {BULK:,}-row bulk: {json.dumps(read)}")
+        assert all(n <= READ_BOUND for n in read.values()), (
+            f"a statement read more than {READ_BOUND:,} of {BULK:,} rows: {read}")
+    finally:
+        await relay.close()
