@@ -27,6 +27,7 @@ import aio_pika
 import asyncpg
 
 from bench import common
+from bench.cold import cold_once
 from bench.common import AMQP_URL, DEFAULT_MODE, TRACED_OPTIONS_SQL, BenchEnv, load_before
 from bench.drain import bulk_frame_limit, drain_once
 from bench.latency import LIVE_KEY, LIVE_RATE, fairness_once, latency_once
@@ -57,12 +58,16 @@ class Plan:
     fairness_runs: int
     quiet_below: float | None  # before each run, wait (<= 5 min) for the load to fall under it
     other_modes: tuple[NotifyMode, ...]  # beside the default, labelled
+    cold_rows: int  # a bulk after relays sat idle on an emptied, vacuumed outbox
+    cold_relays: tuple[int, ...]
+    cold_idle_s: float
 
 
 FULL = Plan(3, 100_000, 1_000_000, 20_000, (1, 2, 4), ((1000, 4), (3000, 16)), 10.0, 5, 4.0,
-            80_000, 100_000, 500_000, 300_000, (1, 2), 2, 1.0, (NotifyMode.ALWAYS,))
+            80_000, 100_000, 500_000, 300_000, (1, 2), 2, 1.0, (NotifyMode.ALWAYS,),
+            300_000, (1, 2), 60.0)
 SMOKE = Plan(1, 3_000, 6_000, 1_000, (1, 2), ((1000, 4),), 1.5, 1, 1.0, 10_000, 2_000, 3_000,
-             20_000, (1,), 1, None, ())
+             20_000, (1,), 1, None, (), 5_000, (2,), 2.0)
 
 
 async def repeat(plan: Plan, runs: int, label: str,
@@ -165,9 +170,23 @@ async def fairness(plan: Plan) -> Figure:
     return {"fairness": out}
 
 
+async def cold(plan: Plan) -> Figure:
+    """A bulk after the relays sat idle on an emptied outbox recorded as empty, live rows beside."""
+    out: list[Figure] = []
+    async with common.scenario_env("cold", (LIVE_KEY,)) as env:
+        for n in plan.cold_relays:
+            runs = await repeat(plan, plan.fairness_runs, f"cold {n} relay(s)",
+                                lambda n=n: cold_once(  # type: ignore[misc]
+                                    env, plan.cold_rows, relays_n=n, idle_s=plan.cold_idle_s,
+                                    live_s=max(plan.cold_rows / 5000, 4.0)))
+            out.append({"relays": n, "rows": plan.cold_rows, "idle_s": plan.cold_idle_s,
+                        "live_rate_per_s": LIVE_RATE, "runs": runs})
+    return {"cold": out}
+
+
 SUITE: dict[str, Callable[[Plan], Coroutine[Any, Any, Figure]]] = {
     "limits": limits, "drain": drain, "pinned": pinned, "tracing": tracing, "latency": latency,
-    "producers": producers, "fairness": fairness}
+    "producers": producers, "fairness": fairness, "cold": cold}
 OWN_REPORTS = {"spark": "bench.spark.run", "compare": "bench.compare"}
 
 
@@ -200,7 +219,7 @@ def own_report(name: str, argv: list[str]) -> str:
 def flatten(scenarios: dict[str, Any]) -> dict[str, Any]:
     """Every suite scenario's raw results as one suite's, lists joined in the suite's order."""
     raw: dict[str, Any] = {"limits": {}, "drain": [], "latency": [], "producers": [],
-                           "fairness": []}
+                           "fairness": [], "cold": []}
     for name in SUITE:
         for key, value in scenarios.get(name, {}).get("raw", {}).items():
             if key not in raw:

@@ -154,14 +154,15 @@ async def scenario_env(tag: str, keys: tuple[str, ...] = ()) -> AsyncIterator[Be
 
 
 async def insert_backlog(conn: asyncpg.Connection, env: BenchEnv, rows: int,
-                         options_sql: str = "NULL") -> float:
-    """`rows` rows in one INSERT ... SELECT (options: SQL of `g`); the commit's monotonic time."""
+                         options_sql: str = "NULL", *, analyze: bool = True) -> float:
+    """`rows` rows in one INSERT ... SELECT (options: SQL of `g`); the commit's monotonic time.
+    analyze: then ANALYZE, as autoanalyze would soon (False: a bulk it has not seen yet)."""
     await conn.execute(
         f"INSERT INTO queue_message (exchange, routing_key, content, options) "
         f"SELECT $1, $2, {BODY_SQL}, {options_sql} FROM generate_series(1, $3) AS g",
         env.exchange, ROUTING_KEY, rows)
     committed = time.monotonic()
-    if rows >= 10_000:  # what autovacuum's analyze threshold does on a default server
+    if analyze and rows >= 10_000:  # what autovacuum's analyze threshold does by default
         await conn.execute("ANALYZE queue_message")
     return committed
 

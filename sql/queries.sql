@@ -541,6 +541,12 @@ SELECT pg_try_advisory_lock({leader_lock_class}, {table_oid})
 
 -- ============================================================ status
 
+-- name: refresh_statistics
+-- When a backlog begins (relay/pg/tablestats.py): the table analyzed if its statistics count
+-- fewer rows than $1 (true), not (false), or not now (NULL: its ANALYZE or VACUUM lock is
+-- held), by {analyze_fn} (sql/migrations/0025_statistics_refresh.sql).
+SELECT {analyze_fn}($1::bigint)
+
 -- name: whole_table_plans
 -- In a transaction of a session that plans by the indexes (relay/pg/connection.py
 -- PLANS_BY_INDEX), before statements that read the whole table (the backlog's figures).

@@ -60,6 +60,9 @@ BEGIN
 END $$;
 GRANT EXECUTE ON FUNCTION {replay_fn}(uuid[]) TO {relay_role};
 GRANT EXECUTE ON FUNCTION {dead_letter_fn}(uuid[], text[], boolean[]) TO {relay_role};
+-- A relay that finds a backlog the table's statistics do not count has the table analyzed
+-- (sql/migrations/0025_statistics_refresh.sql), as its owner.
+GRANT EXECUTE ON FUNCTION {analyze_fn}(bigint) TO {relay_role};
 -- The archive's partitions (sql/migrations/0016): made ahead by an archiving relay, dropped by
 -- `relay prune`, through definer functions (the relay role has no DDL).
 GRANT EXECUTE ON FUNCTION {archive_partitions_fn}(integer) TO {relay_role};

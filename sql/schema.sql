@@ -6,6 +6,23 @@
 
 CREATE SCHEMA queue_message_stage;
 
+CREATE FUNCTION public.queue_message_analyze(p_rows bigint) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF (SELECT c.reltuples FROM pg_class AS c WHERE c.oid = '"queue_message"'::regclass)
+            >= p_rows THEN
+        RETURN false;
+    END IF;
+    SET LOCAL lock_timeout = '100ms';
+    ANALYZE "queue_message";
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.queue_message_archive_drop(p_before timestamp with time zone) RETURNS SETOF text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'

@@ -35,6 +35,7 @@ from relay.pg.queries import Queries
 from relay.pg.schema import require_current
 from relay.pg.seqfloor import FROM_START, SeqFloor
 from relay.pg.status import backlog_figures
+from relay.pg.tablestats import TableStatistics
 from relay.schedule import ScheduleError, is_interval, next_cron_time
 
 
@@ -319,6 +320,8 @@ class Outbox:
         # The connections whose claim statements are prepared (_prepare): (server pid, id of
         # the connection's settings object, for the express lane's claim).
         self._prepared: set[tuple[int, int, bool]] = set()
+        # The table analyzed when a backlog begins that its statistics do not count.
+        self.statistics = TableStatistics()
 
     @classmethod
     async def open(cls, db: DatabaseConfig, *, size: int | None = None) -> Outbox:
@@ -403,6 +406,9 @@ class Outbox:
                         conn, self.q, opts, limit, self._claims % 2 == 0,
                         floor=self.floor, express=express, after=after, upto=self.fair_upto,
                         keys=self._fair_keys, walker=self._single_active)
+                    if not express:
+                        self.statistics.claimed(len(records),
+                                                len(records) >= limit or bool(more_due))
                 except asyncpg.UndefinedTableError as exc:
                     raise SchemaError() from exc
             batch = _Claim(conn, self.q, records, self._on_success)
@@ -412,6 +418,11 @@ class Outbox:
             finally:
                 if not batch.committed:
                     await _rollback_quietly(conn)
+            if not express:
+                # A backlog its statistics do not count: the table analyzed now, after this
+                # batch, before the lanes' claims (relay/pg/tablestats.py).
+                with translated("refreshing the table's statistics", conn):
+                    await self.statistics.refresh_if_due(conn, self.q)
         finally:
             await self._release(conn)
 

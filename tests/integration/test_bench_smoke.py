@@ -33,7 +33,7 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     assert len(report["load_before"]) == 3
     assert report["command"].startswith("python -m bench --smoke")
     assert set(report["scenarios"]) == {"limits", "drain", "pinned", "tracing", "latency",
-                                        "producers", "fairness"}
+                                        "producers", "fairness", "cold"}
     assert all(len(e["load_before"]) == 3 for e in report["scenarios"].values())
     summary = report["summary"]
     assert summary["limits"]["bulk_frames"]["median"] > 0
@@ -58,12 +58,17 @@ def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results
     assert [e["relays"] for e in fairness] == [1]
     assert fairness[0]["live_p99_ms"]["median"] > 0
     assert fairness[0]["drain_ratio"]["median"] > 0
+    cold = summary["cold"]
+    assert [(e["relays"], e["rows"]) for e in cold] == [(2, 5_000)]
+    assert cold[0]["first_s"]["median"] > 0
+    assert cold[0]["bulk_msg_per_s"]["median"] > 0
     markdown = (tmp_path / "RESULTS.md").read_text()
     for section in ("### Targets", "### Drains", "### Ceiling", "### Latency",
-                    "### Producers spared", "### Live rows beside a bulk job"):
+                    "### Producers spared", "### Live rows beside a bulk job",
+                    "### Relays that went idle"):
         assert section in markdown
     assert f"notify mode: **{default.value}**" in markdown
     # The relays' and producers' logs stay beside the report, not in the machine's /tmp.
     assert {p.name.split("-")[0] for p in (tmp_path / "logs").iterdir()} >= {
-        "drain", "latency", "producers", "fairness"}
+        "drain", "latency", "producers", "fairness", "cold"}
 

@@ -3,10 +3,12 @@ of the table, whatever its statistics say. The hazard: autovacuum after a quiet 
 drained outbox as empty (`reltuples` 0); a relay's cached plans, made against that, scanned
 and sorted the whole bulk that came next on every claim, until the next ANALYZE (one claim of
 500 rows from 100,000 read 400,016 rows, 0.48 s, instead of 651). The relay's claiming
-sessions plan by the indexes (relay/pg/connection.py, PLANS_BY_INDEX).
+sessions plan by the indexes (relay/pg/connection.py, PLANS_BY_INDEX). When autovacuum could
+not truncate the table, its pages stay and every plan expects no rows, fresh or cached: then
+the relay has the table analyzed when its claims go from short to full (relay/pg/tablestats.py).
 
-Each test empties and vacuums the table, runs every statement enough times on the empty table
-for the server to settle on a generic plan, commits a bulk, and then counts the rows each
+Each test empties and vacuums the table, runs the statements on the (nearly) empty table, long
+enough for the server to settle on generic plans, commits a bulk, and then counts the rows each
 statement reads (this transaction's own table statistics)."""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncpg
 from relay.app import database_config
 from relay.pg.connection import connect_args
 from relay.pg.seqfloor import FROM_START
-from relay.pg.store import SingleActiveWalk
+from relay.pg.store import Outbox, SingleActiveWalk
 from relay.settings import Settings
 from tests.helpers import pg_session
 from tests.kit.producer import fresh_ids, insert_rows
@@ -155,3 +157,53 @@ async def test_cold_plans__a_stream_bulk_after_a_vacuum_is_given_to_slots_by_ind
             f"a statement read more than {READ_BOUND:,} of {BULK:,} rows: {read}")
     finally:
         await relay.close()
+
+
+async def _table_stats(conn: asyncpg.Connection) -> tuple[int, float]:
+    row = await conn.fetchrow("SELECT relpages, reltuples FROM pg_class "
+                              "WHERE oid = 'queue_message'::regclass")
+    return int(row["relpages"]), float(row["reltuples"])
+
+
+async def test_cold_plans__statistics_that_count_no_rows_are_refreshed_when_a_backlog_begins(
+    db: str,
+) -> None:
+    """Autovacuum that could not truncate the emptied table (sessions were using it) leaves its
+    pages and `reltuples` 0: every plan then expects no rows. The relay's first full claim after
+    short ones has the table analyzed once its batch is done, and the claims read a batch's rows
+    again, not the whole bulk."""
+    config = database_config(Settings(pg_dsn=db))
+    async with pg_session(db) as producer:
+        await insert_rows(producer, "x", "rk", ({"g": g} for g in range(2_000)))
+        await producer.execute("ANALYZE queue_message")
+        await producer.execute("DELETE FROM queue_message")
+        await producer.execute("VACUUM (ANALYZE, TRUNCATE false) queue_message")
+        pages, tuples = await _table_stats(producer)
+        assert (pages > 0, tuples) == (True, 0.0), "the test's premise: pages kept, no rows"
+    outbox = await Outbox.open(config)
+    relay = await _relay_session(db, "worker")
+    try:
+        await insert_rows(db, "x", "rk", [{"live": 1}])
+        for _ in range(WARM_UP):
+            async with outbox.claim(LIMIT) as batch:
+                assert len(batch.rows) == 1  # short: rolled back, claimed again
+        await insert_rows(db, "x", "rk", ({"g": g, "pad": "x" * 100} for g in range(BULK)))
+        cold = await _rows_read(relay, "queue_message", *_claim(config))
+        assert cold >= BULK, f"the test's premise: a claim read only {cold} rows"
+        async with outbox.claim(LIMIT) as batch:  # the first full claim, with the plans as
+            assert len(batch.rows) == LIMIT        # they are, has the table analyzed after it
+            assert outbox.statistics.refreshed == 0
+        assert outbox.statistics.refreshed == 1, "the table was analyzed after the claim"
+        async with pg_session(db) as check:
+            assert (await _table_stats(check))[1] >= BULK / 2
+        warm = await _rows_read(relay, "queue_message", *_claim(config))
+        print(f"\n[cold plans] rows a claim read: {cold:,} before the refresh, {warm:,} after")
+        assert warm <= READ_BOUND
+        # A trickle of short claims, then full ones again: no second ANALYZE (the statistics
+        # count the rows now).
+        async with outbox.claim(LIMIT) as batch:
+            assert len(batch.rows) == LIMIT
+        assert outbox.statistics.refreshed == 1
+    finally:
+        await relay.close()
+        await outbox.close()
