@@ -199,7 +199,10 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 --   (sql/migrations/0012_fairness_key.sql); such rows come with their key in `fair_key`, so
 --   that the next claim goes on after the last key served.
 --   Both parts take rows from seq $5 up (deleted rows a pinned xmin horizon keeps in the index
---   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint).
+--   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint); the fill in seq
+--   order from $10 up ($10 >= $5: above the rows this relay's own claims took while a backlog
+--   drains, so that it does not walk the rows other claims hold, relay/pg/seqfloor.py). Rows
+--   of the fill come with `fill` true.
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
 -- alternate, so that a deep backlog of one kind cannot starve the other while a table holding
 -- one kind only still gets full batches. A kind whose turn finds no room is not run.
@@ -219,7 +222,7 @@ WITH turn AS MATERIALIZED (SELECT $6::boolean AS keyed_first),
 keyed_first AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
            f.seq, f.ordering_key, NULL::text AS fair_key, NULL::text AS repeat,
-           NULL::float8 AS occurrence_s
+           NULL::float8 AS occurrence_s, NULL::boolean AS fill
     FROM turn AS t, {claim_keyed_fn}(CASE WHEN t.keyed_first THEN $1::integer END, $2::integer,
                                     $3::boolean, $4::bigint) AS f
     WHERE t.keyed_first),
@@ -249,7 +252,7 @@ fair_seqs AS (
     FROM (SELECT seq FROM fair UNION ALL SELECT seq FROM fair_by_key) AS a),
 unkeyed AS (
     SELECT w.id, w.exchange, w.routing_key, w.content, w.options, w.attempts, w.created_at_s,
-           w.seq, w.ordering_key, w.fair_key, w.repeat, w.occurrence_s
+           w.seq, w.ordering_key, w.fair_key, w.repeat, w.occurrence_s, w.fill
     FROM (SELECT c.*,
                  sum(COALESCE(octet_length(c.content), 0) + COALESCE(octet_length(c.options), 0))
                      OVER (ORDER BY c.fill, c.seq)
@@ -281,7 +284,7 @@ unkeyed AS (
                                    END AS occurrence_s,
                            true AS fill
                     FROM {table}
-                    WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $5
+                    WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $10::bigint
                       AND seq <> ALL((SELECT seqs FROM fair_seqs)::bigint[])
                     ORDER BY seq
                     LIMIT (SELECT CASE WHEN r.n_bytes > 0 THEN GREATEST(r.n_rows - f.n, 0)
@@ -298,7 +301,7 @@ room_after_unkeyed AS (
 keyed_after AS (
     SELECT f.id, f.exchange, f.routing_key, f.content, f.options, f.attempts, f.created_at_s,
            f.seq, f.ordering_key, NULL::text AS fair_key, NULL::text AS repeat,
-           NULL::float8 AS occurrence_s
+           NULL::float8 AS occurrence_s, NULL::boolean AS fill
     FROM turn AS t, room_after_unkeyed AS r,
          {claim_keyed_fn}(CASE WHEN NOT t.keyed_first THEN r.n_rows::integer END, $2::integer,
                           $3::boolean, r.n_bytes::bigint) AS f
@@ -307,7 +310,7 @@ SELECT c.id, c.exchange, c.routing_key,
        CASE WHEN octet_length(c.content) <= $8 THEN c.content END AS content,
        c.options, c.attempts, c.created_at_s, c.seq, c.ordering_key,
        CASE WHEN octet_length(c.content) > $8 THEN octet_length(c.content) END AS withheld,
-       c.fair_key, c.repeat, c.occurrence_s
+       c.fair_key, c.repeat, c.occurrence_s, c.fill
 FROM (SELECT * FROM keyed_first
       UNION ALL
       SELECT * FROM unkeyed
@@ -344,9 +347,12 @@ WHERE w.before < $2
 
 -- name: newest_transaction
 -- The express lane's look between claims: the newest transaction that has unkeyed rows (one
--- entry of the (xact, seq) index, from its end, by {newest_xact_fn}: its plan cannot go cold,
--- sql/migrations/0024_newest_xact_by_index.sql), as text: a new one means rows to claim.
-SELECT {newest_xact_fn}()::text
+-- entry of the (xact, seq) index, from its end), as text: a new one means rows to claim. A
+-- plain statement: it runs every few milliseconds while a backlog drains, and a function with
+-- a plan of its own cost the server 2-3x its CPU (96 us a look here). Its plan is made during
+-- a drain, and an ANALYZE at the backlog's start (relay/pg/tablestats.py) makes it again if
+-- the statistics said the table was empty.
+SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL
 
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed

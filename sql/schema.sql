@@ -398,15 +398,6 @@ FROM fkeys AS f,
 WHERE f.k IS NOT NULL
 $$;
 
-CREATE FUNCTION public.queue_message_newest_xact() RETURNS xid8
-    LANGUAGE sql STABLE
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET enable_sort TO 'off'
-    AS $$
-SELECT t.xact FROM "queue_message" AS t WHERE t.ordering_key IS NULL ORDER BY t.xact DESC LIMIT 1
-$$;
-
 CREATE FUNCTION public.queue_message_notify_stmt() RETURNS trigger
     LANGUAGE plpgsql
     AS $$

@@ -81,7 +81,6 @@ class TableNames:
             "claim_keyed_fn": self._q("_claim_keyed"),
             "claim_fair_fn": self._q("_claim_fair"),
             "claim_keys_fn": self._q("_claim_keys"),
-            "newest_xact_fn": self._q("_newest_xact"),
             "analyze_fn": self._q("_analyze"),
             "analyze_fn_literal": quote_literal(self._q("_analyze")),
             "replay_fn": self._q("_replay"),

@@ -74,6 +74,8 @@ class _Claim:
         self._on_success = on_success
         self._delete_at_commit: list[str] = []
         self.committed = False
+        # Rows this batch leaves in the table to be claimed again (retried, recurring).
+        self.kept = False
 
     async def commit(self) -> None:
         """Commit the transaction: every settled fate becomes durable here."""
@@ -102,6 +104,7 @@ class _Claim:
             published, repeating, unschedulable = split_recurring(settlement.published,
                                                                   schedules, now)
         dead = settlement.dead + unschedulable
+        self.kept = bool(settlement.retry or repeating)
         if (self._on_success is OnSuccess.DELETE and not settlement.retry and not dead
                 and not repeating):
             self._delete_at_commit = list(published)
@@ -191,17 +194,21 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
         more = walk.more
     else:
         start = floor.start() if floor is not None else FROM_START
+        fill_from = floor.fill_start(start) if floor is not None else start
         started = time.monotonic()
         key_from = keys.start if keys is not None else None
         records = list(await conn.fetch(q["claim"], limit, opts.keys_per_batch,
                                         opts.block_on_dead, opts.max_bytes, start, keyed_first,
                                         None if upto is None else str(upto),
-                                        opts.max_message_bytes, key_from))
+                                        opts.max_message_bytes, key_from, fill_from))
         if keys is not None:
             keys.served(key_from, [r["fair_key"] for r in records if r["fair_key"] is not None])
         if floor is not None:
             unkeyed = [r["seq"] for r in records if r["ordering_key"] is None]
             floor.claimed(start, min(unkeyed) if unkeyed else None, time.monotonic() - started)
+            filled = [r["seq"] for r in records if r["fill"]]
+            floor.filled(max(filled) if filled else None,
+                         len(records) >= limit or _bytes(records) >= opts.max_bytes)
     used = _bytes(records)
     records.sort(key=lambda r: r["seq"])
     rows = [
@@ -418,6 +425,10 @@ class Outbox:
             finally:
                 if not batch.committed:
                     await _rollback_quietly(conn)
+                if not express and (batch.kept or not batch.committed):
+                    # Rows back in the table below the fill's frontier: the next fill
+                    # starts at the floor again (relay/pg/seqfloor.py).
+                    self.floor.released()
             if not express:
                 # A backlog its statistics do not count: the table analyzed now, after this
                 # batch, before the lanes' claims (relay/pg/tablestats.py).
@@ -445,7 +456,7 @@ class Outbox:
                                opts.max_message_bytes, 0, 0)
         else:
             await conn.execute(q["claim"], 0, opts.keys_per_batch, opts.block_on_dead, 0,
-                               FROM_START, True, None, opts.max_message_bytes, None)
+                               FROM_START, True, None, opts.max_message_bytes, None, FROM_START)
         name = ("archive_published" if self._on_success is OnSuccess.ARCHIVE
                 else "delete_published")
         await conn.execute(q[name], [])

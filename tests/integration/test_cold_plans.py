@@ -80,14 +80,15 @@ def _outbox_statements(db: Any, ids: list[str]) -> dict[str, tuple[str, tuple[An
     walk = SingleActiveWalk()
     return {
         "claim (unkeyed first)": (q["claim"], (LIMIT, KEYS_PER_BATCH, False, MAX_BYTES,
-                                               FROM_START, False, None, MAX_MESSAGE, None)),
+                                               FROM_START, False, None, MAX_MESSAGE, None,
+                                               FROM_START)),
         "claim (keyed first)": (q["claim"], (LIMIT, KEYS_PER_BATCH, False, MAX_BYTES,
-                                             FROM_START, True, None, MAX_MESSAGE, None)),
+                                             FROM_START, True, None, MAX_MESSAGE, None,
+                                             FROM_START)),
         "claim_express": (q["claim_express"], (LIMIT, MAX_BYTES, FROM_START, None,
                                                MAX_MESSAGE)),
         "claim_single_active": (q["claim_single_active"], (LIMIT, False, MAX_BYTES, MAX_MESSAGE,
                                                            walk.start(), walk.window(LIMIT))),
-        "newest_transaction": (q["newest_transaction"], ()),
         "delete_published": (q["delete_published"], (ids,)),
         "archive_published": (q["archive_published"], (ids,)),
     }
@@ -126,7 +127,7 @@ async def test_cold_plans__after_an_emptied_outbox_is_vacuumed_a_bulk_is_claimed
 
 def _claim(db: Any) -> tuple[Any, ...]:
     return (db.queries["claim"], LIMIT, KEYS_PER_BATCH, False, MAX_BYTES, FROM_START, False,
-            None, MAX_MESSAGE, None)
+            None, MAX_MESSAGE, None, FROM_START)
 
 
 async def test_cold_plans__a_stream_bulk_after_a_vacuum_is_given_to_slots_by_index(
@@ -169,9 +170,10 @@ async def test_cold_plans__statistics_that_count_no_rows_are_refreshed_when_a_ba
     db: str,
 ) -> None:
     """Autovacuum that could not truncate the emptied table (sessions were using it) leaves its
-    pages and `reltuples` 0: every plan then expects no rows. The relay's first full claim after
-    short ones has the table analyzed once its batch is done, and the claims read a batch's rows
-    again, not the whole bulk."""
+    pages and `reltuples` 0: every plan then expects no rows (the express lane's look at the
+    newest transaction, a plain statement planned once per session, too). The relay's first
+    full claim after short ones has the table analyzed once its batch is done, and the claims
+    read a batch's rows again, not the whole bulk."""
     config = database_config(Settings(pg_dsn=db))
     async with pg_session(db) as producer:
         await insert_rows(producer, "x", "rk", ({"g": g} for g in range(2_000)))
@@ -190,6 +192,9 @@ async def test_cold_plans__statistics_that_count_no_rows_are_refreshed_when_a_ba
         await insert_rows(db, "x", "rk", ({"g": g, "pad": "x" * 100} for g in range(BULK)))
         cold = await _rows_read(relay, "queue_message", *_claim(config))
         assert cold >= BULK, f"the test's premise: a claim read only {cold} rows"
+        # The express lane's look, planned now: its plan is made again after the refresh.
+        newest = config.queries["newest_transaction"]
+        await _rows_read(relay, "queue_message", newest)
         async with outbox.claim(LIMIT) as batch:  # the first full claim, with the plans as
             assert len(batch.rows) == LIMIT        # they are, has the table analyzed after it
             assert outbox.statistics.refreshed == 0
@@ -199,6 +204,7 @@ async def test_cold_plans__statistics_that_count_no_rows_are_refreshed_when_a_ba
         warm = await _rows_read(relay, "queue_message", *_claim(config))
         print(f"\n[cold plans] rows a claim read: {cold:,} before the refresh, {warm:,} after")
         assert warm <= READ_BOUND
+        assert await _rows_read(relay, "queue_message", newest) <= READ_BOUND
         # A trickle of short claims, then full ones again: no second ANALYZE (the statistics
         # count the rows now).
         async with outbox.claim(LIMIT) as batch:

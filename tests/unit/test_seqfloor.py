@@ -118,3 +118,52 @@ def test_marks_stay_few() -> None:
         clock.now += 0.01
         floor.claimed(floor.start(), i, 0.001)
     assert len(floor._marks) <= 102
+
+
+def test_fill__starts_above_the_fill_frontier_while_a_backlog_drains() -> None:
+    floor, clock = _floor()
+    assert floor.start() == FROM_START
+    assert floor.fill_start(FROM_START) == FROM_START  # a rescan's fill starts with it
+    floor.claimed(FROM_START, 1, 0.001)
+    floor.filled(500, full=True)
+    clock.now += 0.5
+    assert floor.start() == FROM_START  # no floor yet (no mark a second old), no rescan
+    assert floor.fill_start(FROM_START) == 501  # above what the fill took
+    floor.filled(1000, full=True)
+    floor.filled(800, full=True)  # lanes finish out of order: the frontier never falls
+    assert floor.fill_start(FROM_START) == 1001
+    clock.now += 1.0
+    assert floor.start() == FROM_START  # a rescan, every second
+    assert floor.fill_start(FROM_START) == FROM_START  # its fill walks from the start
+
+
+def test_fill__a_short_claim_sends_the_next_fill_back_to_the_floor() -> None:
+    floor, _ = _floor()
+    floor.start()
+    floor.claimed(FROM_START, 1, 0.001)
+    floor.start()
+    floor.filled(500, full=True)
+    assert floor.fill_start(7) == 501
+    floor.filled(600, full=False)  # the backlog above the frontier is drained
+    assert floor.fill_start(7) == 7
+    floor.filled(None, full=True)  # a full batch with no fill rows leaves no frontier
+    assert floor.fill_start(7) == 7
+
+
+def test_fill__never_starts_below_the_claims_floor() -> None:
+    floor, _ = _floor()
+    floor.start()
+    floor.claimed(FROM_START, 1, 0.001)
+    floor.start()
+    floor.filled(100, full=True)
+    assert floor.fill_start(5_000) == 5_000
+
+
+def test_fill__rows_given_back_send_the_next_fill_back_to_the_floor() -> None:
+    floor, _ = _floor()
+    floor.start()
+    floor.claimed(FROM_START, 1, 0.001)
+    floor.start()
+    floor.filled(500, full=True)
+    floor.released()  # a batch rolled back or retried: its rows are below the frontier
+    assert floor.fill_start(7) == 7
