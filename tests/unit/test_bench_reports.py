@@ -48,19 +48,25 @@ def test_a_report_of_its_own__names_command_date_machine_and_load(
 
 
 def test_a_comparison__every_run_then_the_medians_and_the_drains_ratio_run_by_run() -> None:
-    def drain(build: str, run: int, rate: float) -> dict[str, object]:
-        return {"build": build, "run": run, "rows": 1000, "seconds": round(1000 / rate, 3),
-                "msg_per_s": rate, "load_before": [0.4, 0.3, 0.2]}
+    def drain(build: str, run: int, rate: float, relays: int = 1) -> dict[str, object]:
+        return {"build": build, "run": run, "rate": relays, "rows": 1000,
+                "seconds": round(1000 / rate, 3), "msg_per_s": rate,
+                "cpu_s_per_1k_msgs": {"postgres_own_sessions": 0.0305, "relay": 0.04},
+                "load_before": [0.4, 0.3, 0.2]}
 
     lines = compare.report([_latency("before", 1000, 5.0), _latency("after", 1000, 4.0)],
                            [drain("before", 1, 100.0), drain("after", 1, 150.0),
                             drain("before", 2, 200.0), drain("after", 2, 100.0),
-                            drain("before", 3, 100.0)])
+                            drain("before", 3, 100.0), drain("before", 1, 90.0, relays=4),
+                            drain("after", 1, 180.0, relays=4)])
     assert lines[2] == "| before | 1000 | 4 | 1 | 5.0 | 10.0 | 15.0 | 1000 | [0.5, 0.5, 0.5] |"
     assert "| 1000 | after | 4.00 | 12.00 |" in lines
-    assert "| 1 | before | 1,000 | 10.0 | 100 | 0.4 |" in lines
-    # Run 3 has no "after": no ratio of it.
-    assert lines[-1] == "after over before, run by run: 1.50, 0.50 (median 1.00)."
+    assert "| 1 | 1 | before | 1,000 | 10.0 | 100 | 30.5 / 40.0 | 0.4 |" in lines
+    # Run 3 has no "after": no ratio of it; each number of relays has its own.
+    assert lines[-1] == ("after over before, msg/s, run by run: 1 relay(s) 1.50, "
+                         "1 relay(s) 0.50, 4 relay(s) 2.00.")
+    # Drains alone (--rates none): no latency table at all.
+    assert compare.report([], [drain("before", 1, 100.0)])[0] == ""
 
 
 def test_builds__each_relay_start_sees_its_build_and_the_setting_comes_back() -> None:
