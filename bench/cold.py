@@ -7,37 +7,23 @@ rate."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import asyncpg
 
 from bench.common import (
     BenchEnv,
-    channel,
     insert_backlog,
     load_before,
     relays,
     tail_ms,
     wait_drained,
+    wait_queued,
 )
 from bench.latency import LIVE_KEY, LIVE_RATE, Producers
 
 FIRST = 10_000  # the bulk's first messages, whose arrival the target bounds
 WARM_ROWS = 20_000  # drained before the idle spell, so that the relays have planned on rows
-
-
-async def _first_arrived(env: BenchEnv, n: int, timeout_s: float) -> float:
-    """The monotonic time the bulk's queue first held `n` messages (polled every 20 ms)."""
-    deadline = time.monotonic() + timeout_s
-    async with channel() as ch:
-        while (count := (await ch.declare_queue(env.queue, passive=True))
-               .declaration_result.message_count or 0) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {count} of the bulk's first {n} messages reached "
-                                   f"the queue after {timeout_s:g} s")
-            await asyncio.sleep(0.02)
-    return time.monotonic()
 
 
 async def cold_once(env: BenchEnv, rows: int, *, relays_n: int, idle_s: float,
@@ -57,7 +43,8 @@ async def cold_once(env: BenchEnv, rows: int, *, relays_n: int, idle_s: float,
             live = Producers(env, LIVE_RATE, live_s, connections=1, routing_key=LIVE_KEY)
             live_task = asyncio.create_task(live.run())
             committed = await insert_backlog(conn, env, rows, analyze=False)
-            first = await _first_arrived(env, min(FIRST, rows), 300)
+            # the bulk's first messages in the queue (polled every 20 ms)
+            first = await wait_queued(env, min(FIRST, rows), 300, interval_s=0.02)
             drained = await wait_drained(conn, env, rows, 900)
             await received.wait_for(await live_task)
             await env.purge()

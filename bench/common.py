@@ -183,14 +183,22 @@ async def wait_drained(conn: asyncpg.Connection, env: BenchEnv, rows: int,
     """Until `rows` messages are in the queue and the outbox is empty. The broker's count is
     watched first: polling the table during a drain scans its dead rows and loads the server."""
     deadline = time.monotonic() + timeout_s
+    await wait_queued(env, rows, timeout_s)
+    return await wait_empty(conn, max(deadline - time.monotonic(), 1.0))
+
+
+async def wait_queued(env: BenchEnv, n: int, timeout_s: float, interval_s: float = 0.05,
+                      ) -> float:
+    """Until the scenario's queue holds `n` messages; the monotonic time it was first seen so."""
+    deadline = time.monotonic() + timeout_s
     async with channel() as ch:
         while (count := (await ch.declare_queue(env.queue, passive=True))
-               .declaration_result.message_count or 0) < rows:
+               .declaration_result.message_count or 0) < n:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {count} of {rows} messages reached the queue "
-                                   f"after {timeout_s}s")
-            await asyncio.sleep(0.05)
-    return await wait_empty(conn, max(deadline - time.monotonic(), 1.0))
+                raise TimeoutError(f"only {count} of {n} messages reached the queue "
+                                   f"after {timeout_s:g}s")
+            await asyncio.sleep(interval_s)
+    return time.monotonic()
 
 
 @asynccontextmanager

@@ -206,10 +206,11 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
         if floor is not None:
             unkeyed = [r["seq"] for r in records if r["ordering_key"] is None]
             floor.claimed(start, min(unkeyed) if unkeyed else None, time.monotonic() - started)
-            filled = [r["seq"] for r in records if r["fill"]]
-            floor.filled(max(filled) if filled else None,
-                         len(records) >= limit or _bytes(records) >= opts.max_bytes)
     used = _bytes(records)
+    if floor is not None and not express and not opts.fence:
+        filled = [r["seq"] for r in records if r["fill"]]
+        floor.filled(max(filled) if filled else None,
+                     len(records) >= limit or used >= opts.max_bytes)
     records.sort(key=lambda r: r["seq"])
     rows = [
         # attempts is producer-writable: a negative count reads as none made yet.

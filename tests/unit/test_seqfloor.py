@@ -120,6 +120,15 @@ def test_marks_stay_few() -> None:
     assert len(floor._marks) <= 102
 
 
+def _draining() -> SeqFloor:
+    """A floor past its first claim (a rescan), its next claim not a rescan."""
+    floor, _ = _floor()
+    floor.start()
+    floor.claimed(FROM_START, 1, 0.001)
+    floor.start()
+    return floor
+
+
 def test_fill__starts_above_the_fill_frontier_while_a_backlog_drains() -> None:
     floor, clock = _floor()
     assert floor.start() == FROM_START
@@ -138,10 +147,7 @@ def test_fill__starts_above_the_fill_frontier_while_a_backlog_drains() -> None:
 
 
 def test_fill__a_short_claim_sends_the_next_fill_back_to_the_floor() -> None:
-    floor, _ = _floor()
-    floor.start()
-    floor.claimed(FROM_START, 1, 0.001)
-    floor.start()
+    floor = _draining()
     floor.filled(500, full=True)
     assert floor.fill_start(7) == 501
     floor.filled(600, full=False)  # the backlog above the frontier is drained
@@ -151,19 +157,13 @@ def test_fill__a_short_claim_sends_the_next_fill_back_to_the_floor() -> None:
 
 
 def test_fill__never_starts_below_the_claims_floor() -> None:
-    floor, _ = _floor()
-    floor.start()
-    floor.claimed(FROM_START, 1, 0.001)
-    floor.start()
+    floor = _draining()
     floor.filled(100, full=True)
     assert floor.fill_start(5_000) == 5_000
 
 
 def test_fill__rows_given_back_send_the_next_fill_back_to_the_floor() -> None:
-    floor, _ = _floor()
-    floor.start()
-    floor.claimed(FROM_START, 1, 0.001)
-    floor.start()
+    floor = _draining()
     floor.filled(500, full=True)
     floor.released()  # a batch rolled back or retried: its rows are below the frontier
     assert floor.fill_start(7) == 7
