@@ -238,6 +238,7 @@ async def run(settings: Settings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGUSR1, _log_waiting_tasks)
     try:
         # Before the servers: a tracing variable it cannot serve stops start-up at once.
         tracing = tracing_from_environment(os.environ, table=settings.table)
@@ -251,8 +252,13 @@ async def run(settings: Settings) -> None:
         await _serve(settings, db, supervisors, outbox, publisher, stop_requested=stop_requested,
                      tracing=tracing, express=express)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+def _log_waiting_tasks() -> None:
+    """SIGUSR1: log where every task of the process waits (a relay that seems stuck)."""
+    log.warning("tasks_waiting", tasks=waiting_tasks(limit=200))
 
 
 async def _serve(settings: Settings, db: DatabaseConfig, supervisors: Supervisors,

@@ -25,6 +25,7 @@ from tests.kit.producer import fresh_ids, insert_with_ids
 pytestmark = [pytest.mark.ha, pytest.mark.timeout(600)]
 
 ROWS = int(os.environ.get("RELAY_TEST_HA_ROWS", "30000"))
+LATE_ROWS = 100  # committed on the promoted standby
 RECONNECT_MAX_S = 1.0
 POLL_INTERVAL_S = 1.0
 # After a promotion each relay finds the new primary at its next reconnect attempt (backoff
@@ -66,6 +67,7 @@ async def test_pg_failover__primary_killed_standby_promoted_loses_nothing_and_re
     await asyncio.to_thread(subprocess.run, [RELAY_BIN, "migrate"], env=env.relay_env(),
                             check=True, capture_output=True, timeout=60)
     ids = fresh_ids(ROWS)
+    late_ids = set(fresh_ids(LATE_ROWS))
     for start in range(0, ROWS, 10_000):
         await insert_with_ids(primary_dsn, env.exchange, env.routing_key, ids[start:start + 10_000])
     # Rows the primary had not yet shipped would die with it: that is the database's loss, not
@@ -91,9 +93,14 @@ async def test_pg_failover__primary_killed_standby_promoted_loses_nothing_and_re
                 pg_pair.kill_primary()
             await asyncio.to_thread(pg_pair.promote)
             promoted_at, before = time.monotonic(), len(consumer.ids)
-            await wait_until(lambda: len(consumer.ids) > before, timeout_s=60,
-                             what="a delivery after the promotion")
+            # What proves delivery resumed: rows committed on the promoted standby. (The old
+            # primary's backlog may be gone before the relays are caught holding rows: a
+            # loaded machine's sampling can take as long as the drain.)
+            await insert_with_ids(standby_dsn, env.exchange, env.routing_key, sorted(late_ids))
+            await wait_until(lambda: not late_ids.isdisjoint(consumer.ids), timeout_s=60,
+                             what="a row committed on the promoted standby to be delivered")
             resumed_s = time.monotonic() - promoted_at
+            ids += sorted(late_ids)
             await consumer.wait_all(ids, timeout_s=120, dsn=standby_dsn)
             await wait_until(lambda: _empty(standby_dsn), timeout_s=60, what="an empty outbox")
             outcome = report("postgres failover (kill -9 primary, promote standby)", ids,
@@ -102,7 +109,7 @@ async def test_pg_failover__primary_killed_standby_promoted_loses_nothing_and_re
                 print(f"\n[ha] postgres failover: lost={outcome.lost}, relay republished="
                       f"{outcome.republished} (bound: {held.rows} rows held at the kill, "
                       f"in flight: {held.in_flight}); delivery resumed {resumed_s:.1f}s after "
-                      f"the promotion; {before} receipts before it; rows={ROWS}")
+                      f"the promotion; {before} receipts before it; rows={ROWS}+{LATE_ROWS}")
             assert (outcome.lost, outcome.unexpected) == (0, 0)
             assert_exactly_delivered(ids, consumer, outcome, held.rows)
             assert resumed_s < RESUME_BOUND_S

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -154,3 +156,25 @@ async def test_run__sigterm_while_waiting_for_a_server_exits_0(
     await wait_until(lambda: _waiting(relay, "database"), what="connection_waiting (database)")
     assert await asyncio.to_thread(relay.terminate, 10) == 0
     assert any(e.get("event") == "relay_stopped" for e in relay.log_events())
+
+
+async def test_run__sigusr1_logs_where_every_task_waits_and_keeps_running(
+    env: Env, consumer: Consumer, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    relay = RelayProcess(env.relay_env(), tmp_path / "relay.log").start()
+    relays.append(relay)
+    ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
+    await consumer.wait_for(len(ids), timeout_s=60)
+    os.kill(relay.pid, signal.SIGUSR1)
+
+    def dumps() -> list[dict[str, Any]]:
+        return [e for e in relay.log_events() if e.get("event") == "tasks_waiting"]
+
+    await wait_until(lambda: bool(dumps()), what="the tasks_waiting line after SIGUSR1")
+    chains = [" <- ".join(t["awaits"]) for t in dumps()[0]["tasks"]]
+    # The worker, idle after the drain, waits in its sleep; innermost call last.
+    assert any("worker.py" in c and "sleep" in c for c in chains), chains
+    assert relay.alive()
+    more = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
+    await consumer.wait_for(len(ids) + len(more), timeout_s=60)
+    assert await asyncio.to_thread(relay.terminate, 20) == 0
