@@ -18,8 +18,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv" / "spark-3.5"
 
-ONLY = ("not pg18 and not append_mode_writes_every_event "
-        "and not (executor_killed_then_rerun and staged)")
+ONLY = "not pg18 and not append_mode_writes_every_event"
 
 
 def test_spark_3_5__every_spark_test_passes() -> None:
