@@ -1078,9 +1078,24 @@ UPDATE {stream_table} SET slot = NULL, publishing_id = NULL WHERE id = ANY ($1::
 
 -- name: stream_sleep_try
 -- A relay whose slots all found nothing takes the stream table's wake-up lock before it
--- sleeps (sql/migrations/0019): producers send a NOTIFY while it holds it. False while a
--- producer holds it shared (it is writing now: no sleep is needed).
-SELECT pg_try_advisory_lock({wakeup_lock_class}, {stream_literal}::regclass::oid::int)
+-- sleeps (sql/migrations/0019): producers send a NOTIFY while it holds it. 'held': taken;
+-- 'writing': producers hold it shared (they are writing now: no sleep is needed); 'peer':
+-- another relay holds it (it sleeps, producers NOTIFY, and every relay LISTENs). The shared
+-- try is given back at once. notifying: the producers' trigger is on (`RELAY_NOTIFY=off`
+-- turns it off: then nothing wakes a sleeper, and slots poll).
+SELECT CASE
+           WHEN pg_try_advisory_lock({wakeup_lock_class}, {stream_literal}::regclass::oid::int)
+               THEN 'held'
+           WHEN pg_try_advisory_lock_shared({wakeup_lock_class},
+                                            {stream_literal}::regclass::oid::int)
+               AND pg_advisory_unlock_shared({wakeup_lock_class},
+                                             {stream_literal}::regclass::oid::int)
+               THEN 'writing'
+           ELSE 'peer'
+       END AS state,
+       COALESCE((SELECT t.tgenabled <> 'D' FROM pg_trigger AS t
+                 WHERE t.tgrelid = {stream_literal}::regclass
+                   AND t.tgname = {stream_notify_trigger_literal}), false) AS notifying
 
 -- name: stream_sleep_check
 -- Right after the lock is taken (a new statement, a snapshot that sees every producer that

@@ -113,6 +113,7 @@ class TableNames:
             "stream_literal": quote_literal(self._q("_stream")),
             "stream_notify_fn": self._q("_stream_notify_stmt"),
             "stream_notify_trigger": quote_ident(self.name + "_stream_notify"),
+            "stream_notify_trigger_literal": quote_literal(self.name + "_stream_notify"),
             "stream_channel_literal": quote_literal(self.stream_channel),
             "stream_assigned_check": quote_ident(self.name + "_stream_assigned"),
             "stream_unassigned_idx": quote_ident(self.name + "_stream_unassigned_idx"),

@@ -4,6 +4,7 @@ leases, publishing ids given in committed transactions, settles. One connection 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,15 @@ class StreamRow:
     stream: str
     body: bytes
     publishing_id: int
+
+
+class SleepTry(enum.Enum):
+    """What a try for the stream table's wake-up lock found (StreamStore.try_sleep)."""
+
+    ASLEEP = "asleep"
+    ROWS_WAITING = "rows waiting"
+    WRITING = "producers writing"
+    PEER_ASLEEP = "another relay asleep"
 
 
 class StreamStore:
@@ -165,17 +175,24 @@ class StreamStore:
             await self._conn.add_listener(self.q.names.stream_channel,
                                           lambda *_: on_notify())
 
-    async def try_sleep(self) -> tuple[bool, bool]:
-        """Take the stream table's wake-up lock for a sleep: (asleep, rows waiting). Asleep:
-        the lock is held and producers will NOTIFY. Not asleep: a producer holds it (it is
-        writing now) or rows already wait for a slot (the lock is given back at once)."""
+    async def try_sleep(self) -> tuple[SleepTry, bool]:
+        """Take the stream table's wake-up lock for a sleep, and say whether producers NOTIFY
+        (`RELAY_NOTIFY=off`: they do not). ASLEEP: the lock is held. Otherwise not held:
+        ROWS_WAITING, rows already wait for a slot (the lock is given back at once); WRITING,
+        producers hold it (they are writing now); PEER_ASLEEP, another relay holds it (this
+        relay LISTENs too)."""
         with translated("taking the stream wake-up lock"):
-            if not await self._conn.fetchval(self.q["stream_sleep_try"]):
-                return False, False
+            row = await self._conn.fetchrow(self.q["stream_sleep_try"])
+            assert row is not None  # one row, always
+            state, notifying = row["state"], bool(row["notifying"])
+            if state == "writing":
+                return SleepTry.WRITING, notifying
+            if state == "peer":
+                return SleepTry.PEER_ASLEEP, notifying
             if await self._conn.fetchval(self.q["stream_sleep_check"]):
                 await self._conn.fetchval(self.q["stream_sleep_release"])
-                return False, True
-            return True, False
+                return SleepTry.ROWS_WAITING, notifying
+            return SleepTry.ASLEEP, notifying
 
     async def wake(self) -> None:
         """Give the wake-up lock back: producers stop sending NOTIFYs."""

@@ -27,7 +27,10 @@ a word while nothing was sent is found before rows come, not by their unanswered
 
 When every slot of the relay is idle, the relay also takes the stream table's wake-up lock on a
 connection that LISTENs (sql/migrations/0019): producers' INSERTs then send a NOTIFY, which
-wakes the slots at once; the first slot that finds rows gives the lock back.
+wakes the slots at once; the first slot that finds rows gives the lock back. While this relay
+or another holds it (every relay LISTENs), an idle slot looks only at a third of its lease (to
+renew it) unless a NOTIFY comes: an idle stream table costs the database a few transactions a
+second per relay, not one per slot every IDLE_MAX_S.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from itertools import groupby
 import structlog
 
 from relay.errors import RelayError
-from relay.pg.streams import StreamRow, StreamStore
+from relay.pg.streams import SleepTry, StreamRow, StreamStore
 from relay.streams.marks import old_producer_name, producer_name, sync
 from relay.streams.producer import (
     SILENT_SENDS,
@@ -62,6 +65,9 @@ FRAME_BODY_BYTES = 512 * 1024
 IDLE_MAX_S = 0.5
 # An idle slot that heard nothing from the broker for this long checks its connection.
 IDLE_CHECK_S = 10.0
+# While a relay sleeps on the wake-up lock (this one or another: a NOTIFY wakes every relay),
+# an idle slot looks only to renew its lease (at a third of it) and to check its link.
+ASLEEP_LOOKS_PER_LEASE = 3
 # A producer holds the wake-up lock shared while its INSERT's transaction is open (it saw no
 # relay asleep and sent no NOTIFY): look again this soon, a few times, for its rows.
 PRODUCER_WRITING_S = 0.005
@@ -108,6 +114,8 @@ class StreamWorker:
         self._waker: StreamStore | None = None
         self._waker_busy = asyncio.Lock()
         self._asleep = False
+        self._peer_asleep = False  # another relay holds the wake-up lock (it sleeps)
+        self._notifying = False  # producers' INSERTs NOTIFY a sleeper (RELAY_NOTIFY not off)
         self._producer_writing = 0  # quick looks taken since the lock was last refused
         # Streams that cannot take messages now (missing, refused): when each is tried again.
         self._waiting: dict[str, _Wait] = {}
@@ -193,6 +201,7 @@ class StreamWorker:
     async def _drop_waker(self) -> None:
         """Close the wake-up connection (its lock goes with it); slots poll meanwhile."""
         waker, self._waker, self._asleep = self._waker, None, False
+        self._peer_asleep = False
         if waker is not None:
             with contextlib.suppress(Exception):
                 await waker.close()
@@ -203,7 +212,8 @@ class StreamWorker:
 
     async def _idle_wait(self, slot: int, timeout_s: float) -> None:
         """A slot found nothing: wait `timeout_s`, or less if a NOTIFY comes. The last slot of
-        the relay to go idle takes the wake-up lock (no row can then arrive unannounced)."""
+        the relay to go idle takes the wake-up lock (no row can then arrive unannounced).
+        While this relay or another sleeps on it, the wait is long: a NOTIFY ends it."""
         woken = self._notified
         self._idle.add(slot)
         try:
@@ -211,27 +221,40 @@ class StreamWorker:
                 async with self._waker_busy:
                     if self._waker is not None and not self._asleep:
                         try:
-                            self._asleep, rows_waiting = await self._waker.try_sleep()
+                            found, notifying = await self._waker.try_sleep()
                         except RelayError as exc:
                             log.warning("stream_wakeup_lost", error=str(exc))
                             await self._drop_waker()
-                            self._asleep, rows_waiting = False, False
-                        if rows_waiting:
+                            found, notifying = SleepTry.WRITING, False  # poll, no waker
+                        if found is SleepTry.ROWS_WAITING:
                             return
-                        if self._asleep:
+                        self._asleep = found is SleepTry.ASLEEP
+                        # A long wait only while a NOTIFY can end it.
+                        self._peer_asleep = found is SleepTry.PEER_ASLEEP and notifying
+                        self._notifying = notifying
+                        if found is SleepTry.WRITING:
+                            if self._producer_writing < PRODUCER_WRITING_LOOKS:
+                                self._producer_writing += 1
+                                timeout_s = PRODUCER_WRITING_S
+                        else:
                             self._producer_writing = 0
-                        elif self._producer_writing < PRODUCER_WRITING_LOOKS:
-                            self._producer_writing += 1
-                            timeout_s = PRODUCER_WRITING_S
+            if (self._asleep or self._peer_asleep) and self._notifying \
+                    and self._waker is not None and not self._waiting:
+                timeout_s = max(timeout_s, self._asleep_look_s())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await woken.wait()
         finally:
             self._idle.discard(slot)
 
+    def _asleep_look_s(self) -> float:
+        """An idle slot's wait while a relay sleeps on the wake-up lock."""
+        return min(self.config.lease_s / ASLEEP_LOOKS_PER_LEASE, IDLE_CHECK_S)
+
     async def _awake(self) -> None:
         """A slot found rows: give the wake-up lock back (no NOTIFY is needed while busy)."""
         self._producer_writing = 0
+        self._peer_asleep = False
         if not self._asleep:
             return
         async with self._waker_busy:
