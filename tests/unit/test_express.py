@@ -1,16 +1,21 @@
 """The express lane's loop (relay/loop/express.py), driven with fakes: it claims only when a
 transaction newer than the last it saw appears, and only transactions newer than the drain's
 start; drains what it finds, ends at a database failure (until the next drain), and ends with
-the drain."""
+the drain. Of a table's relays only the sleeper (or one whose role is undecided) runs it."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+
+import pytest
 
 from relay.errors import DatabaseError
-from relay.interfaces import ExpressStore, Publisher
+from relay.interfaces import ExpressStore, LockState, Message, Publisher, PublishResult
 from relay.loop.express import ExpressLane
+from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
+from tests.kit.fakes import FakeLock, FakePublisher, FakeStore, rows
 
 
 class _Store:
@@ -133,3 +138,28 @@ async def test_express__a_database_failure_ends_the_lane__the_drain_reports_with
     else:
         raise AssertionError("the drain did not report the failure")
     assert asyncio.get_running_loop().time() - started < 3.0
+
+
+class _SlowPublisher(FakePublisher):
+    """Each publish takes 10 ms: a drain long enough for the express lane to look."""
+
+    async def publish(self, messages: Sequence[Message], *,
+                      deadline: float | None = None) -> PublishResult:
+        await asyncio.sleep(0.01)
+        return await super().publish(messages, deadline=deadline)
+
+
+@pytest.mark.parametrize(("role", "runs"), [("sleeper", True), ("waiter", False), (None, True)])
+async def test_drain__of_a_tables_relays_only_the_sleeper_runs_the_express_lane(
+    role: str | None, runs: bool
+) -> None:
+    """N relays draining together look at the newest transaction as often as one does."""
+    lock = FakeLock()
+    lock.current = LockState(role=role, mode="conditional")
+    looks = _Store()
+    lane = ExpressLane(looks, _Publisher(), poll_s=0.001)  # type: ignore[arg-type]
+    store, publisher = FakeStore(rows(95)), _SlowPublisher()
+    config = WorkerConfig(batch_size=10, concurrency=3, poll_interval_s=30)
+    await Worker(store, publisher, config, lock=lock, express=lane).drain()
+    assert store.rows == []
+    assert (looks.looks > 0) is runs, looks.looks
