@@ -683,7 +683,13 @@ ORDER BY dead_at, dead_id
 LIMIT $3
 
 -- name: dead_show
-SELECT id::text AS id, seq, exchange, routing_key, content::text AS content,
+-- Every column of each dead letter of id $1, the latest first; its content cut to $2 characters
+-- (NULL: whole), with the size of the whole (a parked too_large row may be hundreds of MiB).
+SELECT id::text AS id, seq, exchange, routing_key,
+       CASE WHEN $2::int IS NULL THEN content::text ELSE left(content::text, $2::int) END
+           AS content,
+       octet_length(content::text) AS content_bytes,
+       $2::int IS NOT NULL AND length(content::text) > $2::int AS content_cut,
        options::text AS options, ordering_key, created_at, available_at, attempts,
        last_error, reason, dead_at
 FROM {dead}

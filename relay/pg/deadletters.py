@@ -163,10 +163,13 @@ class DeadLetters:
         rows = await self._fetch("stream_dead_replay", ids)
         return [r[0] for r in rows]
 
-    async def show(self, row_id: str) -> list[dict[str, Any]]:
+    async def show(self, row_id: str, *, content_chars: int | None = None) -> list[dict[str, Any]]:
         """Every column of each dead letter with this id, the latest first (an id a producer
-        reused can have been parked more than once); empty when there is none."""
-        return [dict(r) for r in await self._fetch("dead_show", check_ids([row_id])[0])]
+        reused can have been parked more than once); empty when there is none. The content cut
+        to `content_chars` characters (None: whole), with `content_bytes` (its whole size) and
+        `content_cut`."""
+        return [dict(r) for r in await self._fetch("dead_show", check_ids([row_id])[0],
+                                                   content_chars)]
 
     async def replay(self, ids: list[str], *, batch_rows: int = DEFAULT_BATCH_ROWS,
                      progress: Progress | None = None) -> ReplayResult:
@@ -323,6 +326,12 @@ def _filter_of(args: dict[str, Any]) -> tuple[Filter, bool, bool]:
     return which, every, dry
 
 
+# What one admin call may bring into the relay's memory: a listing of at most this many letters,
+# a letter's content cut to this many characters (`relay dead show` prints it whole).
+ADMIN_LIST_MAX = 1000
+ADMIN_CONTENT_CHARS = 64 * 1024
+
+
 async def admin_action(db: DatabaseConfig, action: str, args: dict[str, Any]) -> Any:
     """One call of the admin API: the dead-letter commands' logic with JSON in and out, over
     a session of its own. list (limit, reason), show (id), replay and purge (ids, reason,
@@ -333,11 +342,11 @@ async def admin_action(db: DatabaseConfig, action: str, args: dict[str, Any]) ->
                 limit = int(args.get("limit") or 100)
             except ValueError:
                 raise UsageError("limit: a whole number") from None
-            if limit < 1:
-                raise UsageError("limit: at least 1")
+            if not 1 <= limit <= ADMIN_LIST_MAX:
+                raise UsageError(f"limit: from 1 to {ADMIN_LIST_MAX}")
             return await dl.listing(limit=limit, reason=args.get("reason"))
         if action == "show":
-            return await dl.show(str(args["id"]))
+            return await dl.show(str(args["id"]), content_chars=ADMIN_CONTENT_CHARS)
         which, every, dry = _filter_of(args)
         if not (which.narrows or every):
             raise UsageError(f"{action} what? give ids, reason, older_than or all: true")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from relay.pg.deadletters import ADMIN_CONTENT_CHARS, ADMIN_LIST_MAX
 from relay.pg.queries import Queries, TableNames
 from tests.helpers import Env, pg_fetchval, pg_session, wait_until
 from tests.integration.test_status_page import CHROMIUM_FLAGS
@@ -120,6 +121,47 @@ async def test_admin_api__token_refusals_then_a_replay_that_reaches_the_consumer
     assert any(e.get("did") == "replayed 1, left 0" for e in events)
     assert any(e.get("did") == "purged 1" for e in events)
     assert TOKEN not in relay.log_text()
+
+
+BIG_CONTENT_CHARS = 150 * 1024 * 1024
+MEMORY_LIMIT_BYTES = 384 * 1024 * 1024  # the Deployment's (deploy/)
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident memory (VmHWM) so far."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
+async def test_admin_api__a_150_mib_letter_is_shown_cut_and_listings_are_capped(
+    env: Env, start_relay: Any,
+) -> None:
+    """A parked too_large row of 150 MiB: its detail answers a bounded cut of the content with
+    the whole size, and the relay stays under its memory limit (it read the whole once)."""
+    ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"small": True}])
+    async with pg_session(env.pg_dsn) as conn:
+        # Made on the server: the test does not hold it either.
+        await conn.execute("UPDATE queue_message SET content = to_jsonb(repeat('x', $1)) "
+                           "WHERE id = $2::uuid", BIG_CONTENT_CHARS, ids[0])
+        async with conn.transaction():
+            await conn.execute(Q["dead_letter"], ids, ["too_large: 150 MiB"], [True])
+    port = free_port()
+    relay = start_relay(http_port=port, admin_token=TOKEN)
+    await _up(port)
+    status, shown = await call(port, "GET", f"/admin/dead/{ids[0]}")
+    assert status == 200
+    assert shown[0]["content_bytes"] == BIG_CONTENT_CHARS + 2  # the JSON string's quotes
+    assert shown[0]["content_cut"] is True
+    assert len(shown[0]["content"]) == ADMIN_CONTENT_CHARS
+    assert shown[0]["reason"] == "too_large: 150 MiB"
+    peak = _peak_rss_bytes(relay.pid)
+    assert peak < MEMORY_LIMIT_BYTES, f"peak {peak / 2**20:.0f} MiB"
+    status, refused = await call(port, "GET", f"/admin/dead?limit={ADMIN_LIST_MAX + 1}")
+    assert status == 400
+    assert f"from 1 to {ADMIN_LIST_MAX}" in refused["error"]
+    assert (await call(port, "GET", f"/admin/dead?limit={ADMIN_LIST_MAX}"))[0] == 200
 
 
 async def test_admin_api__off_without_a_token(env: Env, start_relay: Any) -> None:
