@@ -187,7 +187,8 @@ async def cold(plan: Plan) -> Figure:
 SUITE: dict[str, Callable[[Plan], Coroutine[Any, Any, Figure]]] = {
     "limits": limits, "drain": drain, "pinned": pinned, "tracing": tracing, "latency": latency,
     "producers": producers, "fairness": fairness, "cold": cold}
-OWN_REPORTS = {"spark": "bench.spark.run", "compare": "bench.compare"}
+OWN_REPORTS = {"spark": "bench.spark.run", "compare": "bench.compare",
+               "statements": "bench.statements"}
 
 
 def own_report(name: str, argv: list[str]) -> str:

@@ -65,13 +65,15 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 @contextmanager
-def private_server() -> Iterator[str]:
-    """A private `initdb` cluster with the server's defaults (autovacuum and fsync on) for the
-    scenarios run meanwhile; one an earlier, killed run left is removed first."""
+def private_server(settings: dict[str, str] | None = None) -> Iterator[str]:
+    """A private `initdb` cluster with the server's defaults (autovacuum and fsync on; plus
+    `settings`) for the scenarios run meanwhile; one an earlier, killed run left is removed
+    first."""
     global PG_ADMIN_DSN  # noqa: PLW0603 - one setting of the whole run
     for stale in remove_stale("relay-bench-pg-"):
         print(f"removed a cluster an earlier run left: {stale}", flush=True)
-    cluster = PrivateCluster(prefix="relay-bench-pg-", durable=True, max_connections=100).init()
+    cluster = PrivateCluster(prefix="relay-bench-pg-", durable=True, max_connections=100,
+                             settings=settings).init()
     given = PG_ADMIN_DSN
     try:
         cluster.start()

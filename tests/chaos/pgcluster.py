@@ -88,8 +88,10 @@ class PrivateCluster:
     default (fsync, autovacuum...) for benchmarks."""
 
     def __init__(self, *, prefix: str = "relay-pg-", durable: bool = False,
-                 max_connections: int = 50, bin_dir: Path | None = None) -> None:
+                 max_connections: int = 50, bin_dir: Path | None = None,
+                 settings: dict[str, str] | None = None) -> None:
         self.bin_dir = bin_dir
+        self.settings = settings or {}  # more server settings (`-c name=value`)
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         (self.root / OWNER_FILE).write_text(str(os.getpid()))
         self.durable = durable
@@ -123,7 +125,8 @@ class PrivateCluster:
         """Start and wait until it accepts connections."""
         opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
                 f"-c max_connections={self.max_connections}"
-                + ("" if self.durable else " -c fsync=off"))
+                + ("" if self.durable else " -c fsync=off")
+                + "".join(f" -c {k}={v}" for k, v in self.settings.items()))
         self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts,
                   "-w", "start")
 

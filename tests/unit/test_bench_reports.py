@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,3 +156,18 @@ def test_a_block__replaced_in_place_added_at_the_end_or_refused_where_it_must_ex
     assert "two" in written
     assert "one" not in written
     assert written.index(block_markers("a")[0]) < written.index(block_markers("b")[0])
+
+
+def test_statements_report__per_1000_messages_each_drain_and_its_statements() -> None:
+    from bench import statements
+
+    def drain(relays: int, buffers: int) -> dict[str, Any]:
+        return {"relays": relays, "msg_per_s": 5000.0, "load_before": [0.5, 0.5, 0.5],
+                "cpu_s_per_1k_msgs": {"postgres_own_sessions": 0.04, "relay": 0.05},
+                "statements": [{"query": "-- claim | x", "calls": 200, "ms": 3000.0,
+                                "buffers": buffers, "rows": 100_000}]}
+
+    lines = statements.report([drain(1, 280_000), drain(4, 870_000)], rows=100_000)
+    assert "| 1 | 5,000 | 40.0 / 50.0 | 0.5 |" in lines
+    assert "| `-- claim / x` | 2.0 | 30.00 | 2,800 | 1,000 |" in lines
+    assert "| `-- claim / x` | 2.0 | 30.00 | 8,700 | 1,000 |" in lines
