@@ -25,6 +25,7 @@ $$;
 
 CREATE FUNCTION public.queue_message_archive_drop(p_before timestamp with time zone) RETURNS SETOF text
     LANGUAGE plpgsql SECURITY DEFINER
+    SET lock_timeout TO '100ms'
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
@@ -48,6 +49,7 @@ $$;
 
 CREATE FUNCTION public.queue_message_archive_partitions(p_days_ahead integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
+    SET lock_timeout TO '100ms'
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE

@@ -22,6 +22,9 @@ log = structlog.get_logger(__name__)
 # database for a week still finds its day's partition.
 ARCHIVE_DAYS_AHEAD = 7
 KEEP_EVERY_S = 3600.0
+# After a failure (a reader holds the archive: each CREATE waits at most 100 ms for its lock,
+# sql/migrations/0026), the next try comes this soon.
+RETRY_AFTER_S = 60.0
 
 
 async def partitions_ahead(conn: Any, q: Queries) -> int:
@@ -34,13 +37,16 @@ async def partitions_ahead(conn: Any, q: Queries) -> int:
 
 
 class PartitionKeeper:
-    """An archiving relay's service: partitions ahead now and every `every_s`; a failure is
-    logged and tried again at the next turn (the DEFAULT partition catches rows meanwhile)."""
+    """An archiving relay's service: partitions ahead now and every `every_s`; a failure (a
+    reader holding the archive, whose lock the CREATE waits for only 100 ms) is logged and
+    tried again after `retry_s` (the DEFAULT partition catches rows meanwhile)."""
 
     def __init__(self, make_ahead: Callable[[], Awaitable[int]],
-                 every_s: float = KEEP_EVERY_S) -> None:
+                 every_s: float = KEEP_EVERY_S, retry_s: float = RETRY_AFTER_S) -> None:
         self._make_ahead = make_ahead
         self._every_s = every_s
+        self._retry_s = min(retry_s, every_s)
+        self.failures = 0  # in a row
 
     async def run(self) -> None:
         """Until cancelled."""
@@ -49,9 +55,12 @@ class PartitionKeeper:
                 made = await self._make_ahead()
                 if made:
                     log.info("archive_partitions_made", count=made)
+                self.failures = 0
             except DatabaseError as exc:
-                log.warning("archive_partitions_failed", error=str(exc))
-            await asyncio.sleep(self._every_s)
+                self.failures += 1
+                log.warning("archive_partitions_failed", error=str(exc), failures=self.failures,
+                            retry_s=self._retry_s)
+            await asyncio.sleep(self._retry_s if self.failures else self._every_s)
 
     async def close(self) -> None:
         """Nothing to close: it borrows the store's pool."""

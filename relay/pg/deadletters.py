@@ -115,13 +115,13 @@ class DeadLetters:
         try:
             return list(await self._conn.fetch(self.q[name], *args))
         except DB_ERRORS as exc:
-            raise DatabaseError(f"{name} failed: {exc}") from exc
+            raise DatabaseError(f"{name} failed: {exc or type(exc).__name__}") from exc
 
     async def _execute(self, name: str, *args: Any) -> int:
         try:
             status = await self._conn.execute(self.q[name], *args)
         except DB_ERRORS as exc:
-            raise DatabaseError(f"{name} failed: {exc}") from exc
+            raise DatabaseError(f"{name} failed: {exc or type(exc).__name__}") from exc
         # "DELETE 42" -> 42
         return int(status.rsplit(" ", 1)[-1])
 
@@ -211,7 +211,7 @@ class DeadLetters:
         partitioned = bool((await self._fetch("archive_is_partitioned"))[0][0])
         dropped = []
         if partitioned:
-            dropped = [r[0] for r in await self._fetch("archive_drop_partitions", older_than_s)]
+            dropped = await self._drop_partitions(older_than_s)
         name = "archive_prune_default" if partitioned else "archive_prune"
         deleted = 0
         while True:
@@ -219,6 +219,31 @@ class DeadLetters:
             deleted += n
             if n < batch_rows:
                 return ArchivePruned(dropped, deleted, partitioned)
+
+
+    async def _drop_partitions(self, older_than_s: float) -> list[str]:
+        """The old days' partitions dropped; each DROP waits at most 100 ms for its lock
+        (sql/migrations/0026), so that archive INSERTs never queue behind it for long; tried
+        again a few times while a reader holds the archive."""
+        for pause_s in (*DROP_RETRY_PAUSES_S, None):
+            try:
+                return [r[0] for r in await self._conn.fetch(self.q["archive_drop_partitions"],
+                                                             older_than_s)]
+            except asyncpg.LockNotAvailableError:
+                if pause_s is None:
+                    break
+                await asyncio.sleep(pause_s)
+            except DB_ERRORS as exc:
+                raise DatabaseError(f"dropping the archive's old partitions failed: "
+                                    f"{exc or type(exc).__name__}") from exc
+        raise DatabaseError(
+            f"dropping the archive's old partitions: another session holds the archive (a "
+            f"reader such as pg_dump or a report); its lock was not free within 100 ms, "
+            f"{len(DROP_RETRY_PAUSES_S) + 1} times. Nothing was dropped; try again later")
+
+
+# `relay prune`: pauses between tries to drop the old partitions while a reader holds the archive.
+DROP_RETRY_PAUSES_S = (0.5, 1.0, 2.0, 4.0)
 
 
 @dataclass(frozen=True)

@@ -106,13 +106,36 @@ async def migrate(conn: asyncpg.Connection, names: TableNames,
         applied = await _migrate_retrying(conn, names, notify, deadline, lock_wait_s)
         if partition_archive:
             await _partition_archive(conn, names, deadline, lock_wait_s)
-        await partitions_ahead(conn, Queries(names))
+        await _partitions_ahead_retrying(conn, names, deadline)
         return applied
     finally:
         try:
             await conn.execute(Queries(names)["migration_session_unlock"])
         except DB_ERRORS as exc:  # the session's end releases it anyway
             log.warning("migration_unlock_failed", error=repr(exc))
+
+
+async def _partitions_ahead_retrying(conn: asyncpg.Connection, names: TableNames,
+                                     deadline: float) -> None:
+    """The coming days' archive partitions; each CREATE waits at most 100 ms for its lock
+    (sql/migrations/0026), tried again until `deadline` while a reader holds the archive, then
+    left to the archiving relays (the DEFAULT partition catches rows meanwhile)."""
+    while True:
+        try:
+            await partitions_ahead(conn, Queries(names))
+            return
+        except DatabaseError as exc:
+            if not isinstance(exc.__cause__, asyncpg.LockNotAvailableError):
+                raise
+            if time.monotonic() >= deadline:
+                log.warning("archive_partitions_deferred", error=str(exc),
+                            reason="another session holds the archive; the archiving relays "
+                                   "make the coming days' partitions")
+                return
+            await asyncio.sleep(PARTITIONS_RETRY_S)
+
+
+PARTITIONS_RETRY_S = 0.5
 
 
 async def _partition_archive(conn: asyncpg.Connection, names: TableNames, deadline: float,

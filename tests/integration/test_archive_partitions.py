@@ -7,11 +7,22 @@ status` lists the partitions with their sizes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
+import time
 from datetime import UTC, datetime, timedelta
 
-from tests.helpers import RELAY_BIN, Env, count_rows, pg_execute, pg_fetch, pg_fetchval, wait_until
+from tests.helpers import (
+    RELAY_BIN,
+    Env,
+    count_rows,
+    pg_execute,
+    pg_fetch,
+    pg_fetchval,
+    pg_session,
+    wait_until,
+)
 from tests.kit.consumer import Consumer
 from tests.kit.producer import insert_rows
 
@@ -141,3 +152,39 @@ async def test_prune__an_archive_that_is_not_partitioned_is_pruned_in_batches(en
     assert done.returncode == 0, done.stderr
     assert "pruned 2 archived row(s) published more than 7d ago" in done.stdout
     assert await count_rows(env.pg_dsn, ARCHIVE) == 1
+
+
+async def test_prune__a_reader_of_the_archive_never_holds_its_inserts_and_prune_says_why(
+    env: Env,
+) -> None:
+    """A reader (a pg_dump, a report) holds the archive open: the prune's DROP waits at most
+    100 ms for its lock at each try, so archive INSERTs (the settles of archiving relays) never
+    queue behind it for long; the prune gives up naming the cause, and drops the day once the
+    reader is gone."""
+    assert relay(env, "migrate", "--partition-archive").returncode == 0
+    old = f"{ARCHIVE}_p{_day(-3):%Y%m%d}"
+    await pg_execute(env.pg_dsn, f'DROP TABLE "{ARCHIVE}_legacy"')
+    await pg_execute(env.pg_dsn, f'CREATE TABLE "{old}" PARTITION OF {ARCHIVE} FOR VALUES '
+                     f"FROM ('{_day(-3).isoformat()}') TO ('{_day(-2).isoformat()}')")
+    await _archive_rows(env.pg_dsn, [_day(-3) + timedelta(hours=1)])
+    waits: list[float] = []
+    async with pg_session(env.pg_dsn) as reader, reader.transaction():
+        await reader.fetchval(f"SELECT count(*) FROM {ARCHIVE}")  # held until the end
+        prune = asyncio.ensure_future(
+            asyncio.to_thread(relay, env, "prune", "--older-than", "1d"))
+        while not prune.done():
+            started = time.monotonic()
+            await _archive_rows(env.pg_dsn, [datetime.now(UTC)])
+            waits.append(time.monotonic() - started)
+            await asyncio.sleep(0.05)
+        refused = await prune
+    assert refused.returncode != 0
+    assert "another session holds the archive" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert len(waits) >= 10, "the prune tried for a few seconds"
+    assert max(waits) < 1.0, f"an archive INSERT waited {max(waits):.2f} s"
+    assert old in await _partitions(env.pg_dsn)
+    done = relay(env, "prune", "--older-than", "1d")
+    assert done.returncode == 0, done.stderr
+    assert old in done.stdout
+    assert old not in await _partitions(env.pg_dsn)
