@@ -28,6 +28,11 @@ log = structlog.get_logger("relay.ops.http")
 
 _MAX_HEADER_LINES = 100
 _READ_TIMEOUT_S = 5.0
+# Connections open at once, far below a container's usual open-file limit (1,024), which the
+# relay's database and broker connections share. Past it, a new connection closes the oldest one
+# still waiting for its request (an idle client): a flood of idle connections neither takes the
+# process's descriptors nor keeps a liveness probe out.
+MAX_CONNECTIONS = 128
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed", 413: "Content Too Large",
             415: "Unsupported Media Type", 503: "Service Unavailable"}
@@ -200,6 +205,9 @@ class HttpServer:
         self.status_page = status_page
         self.admin = admin
         self._server: asyncio.Server | None = None
+        # Open connections, oldest first: True while still waiting for the request.
+        self._connections: dict[asyncio.StreamWriter, bool] = {}
+        self.evicted = 0  # idle connections closed to make room
 
     async def start(self) -> None:
         """Bind and listen; a port already taken is a configuration error."""
@@ -257,11 +265,29 @@ class HttpServer:
             return status, "text/html; charset=utf-8", body
         return self.route(method, path)
 
+    def _admit(self, writer: asyncio.StreamWriter) -> bool:
+        """Room for a new connection: at the cap, the oldest one still waiting for its request
+        is closed; False when every open connection is being answered."""
+        if len(self._connections) >= MAX_CONNECTIONS:
+            idle = next((w for w, waiting in self._connections.items() if waiting), None)
+            if idle is None:
+                return False
+            self._connections.pop(idle)
+            idle.transport.abort()
+            self.evicted += 1
+        self._connections[writer] = True
+        return True
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._admit(writer):
+            writer.transport.abort()
+            return
         try:
             request = await asyncio.wait_for(_read_request(reader), timeout=_READ_TIMEOUT_S)
             if request is None:
                 return
+            if writer in self._connections:
+                self._connections[writer] = False  # answering: never closed to make room
             method, path, headers, payload = request
             status, ctype, body = await self.respond(method, path, headers, payload)
             head = (
@@ -276,6 +302,7 @@ class HttpServer:
         except Exception:  # a bug in one request must not take the endpoint down
             log.exception("http_request_failed")
         finally:
+            self._connections.pop(writer, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
