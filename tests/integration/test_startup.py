@@ -172,8 +172,11 @@ async def test_run__sigusr1_logs_where_every_task_waits_and_keeps_running(
 
     await wait_until(lambda: bool(dumps()), what="the tasks_waiting line after SIGUSR1")
     chains = [" <- ".join(t["awaits"]) for t in dumps()[0]["tasks"]]
-    # The worker, idle after the drain, waits in its sleep; innermost call last.
-    assert any("worker.py" in c and "sleep" in c for c in chains), chains
+    # The worker's loop is among them, wherever it waits (asleep, or in a sweep's claim), and
+    # a chain runs from the outermost call to the innermost.
+    worker = [c for c in chains if "worker.py" in c and "_worker_main" in c]
+    assert worker, chains
+    assert worker[0].index("_worker_main") < worker[0].index("worker.py")
     assert relay.alive()
     more = await insert_rows(env.pg_dsn, env.exchange, env.routing_key, range(5))
     await consumer.wait_for(len(ids) + len(more), timeout_s=60)
