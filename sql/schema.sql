@@ -25,8 +25,8 @@ $$;
 
 CREATE FUNCTION public.queue_message_archive_drop(p_before timestamp with time zone) RETURNS SETOF text
     LANGUAGE plpgsql SECURITY DEFINER
-    SET lock_timeout TO '100ms'
     SET search_path TO 'public', 'pg_temp'
+    SET lock_timeout TO '100ms'
     AS $$
 DECLARE
     part record;
@@ -49,8 +49,8 @@ $$;
 
 CREATE FUNCTION public.queue_message_archive_partitions(p_days_ahead integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
-    SET lock_timeout TO '100ms'
     SET search_path TO 'public', 'pg_temp'
+    SET lock_timeout TO '100ms'
     AS $$
 DECLARE
     nsp text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
