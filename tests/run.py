@@ -1,15 +1,19 @@
-"""The whole suite as CI runs it, in two parts, on the machine's servers:
+"""The whole suite as CI runs it, in three parts, on the machine's servers:
 
 1. every test that shares nothing server-wide with another (each has a database, an exchange
    and a queue of its own) on two pytest-xdist workers, a test module per worker at a time;
-2. then, one at a time with nothing beside them, the tests that restart, cut or load what every
-   test shares: the chaos, HA and soak tests, the Spark jobs and those marked `alone`.
+2. then the fault tests (chaos, HA, soak) and the Spark jobs, on two workers too, a module per
+   worker at a time: each cuts, restarts or kills only what it started (relays, proxies,
+   private RabbitMQ nodes and PostgreSQL clusters, Spark JVMs), and most of their time is spent
+   waiting for a timeout, so that two of them beside each other leave the machine half idle;
+3. then, one at a time with nothing beside them, the tests marked `alone`: they change or load
+   what every test shares (every stream connection of the broker, the whole machine).
 
     .venv/bin/python tests/run.py -q -rfEs        # the suite (README's test command)
     .venv/bin/python tests/run.py -q tests/unit   # the same split over a part of it
 
-Options are pytest's and go to both parts. Exit status 0 only when both parts passed (a part
-that the given paths leave empty counts as passed, unless both are empty). `pytest` itself
+Options are pytest's and go to every part. Exit status 0 only when every part passed (a part
+that the given paths leave empty counts as passed, unless all are empty). `pytest` itself
 still runs any part by hand, on one process.
 """
 
@@ -21,25 +25,29 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The marks of the tests that must run with nothing beside them (pyproject.toml's markers).
-SHARED = "chaos or ha or soak or spark or alone"
+# The marks of the fault tests and Spark jobs, and of the tests that must run with nothing
+# beside them (pyproject.toml's markers).
+FAULTS = "chaos or ha or soak or spark"
+ALONE = "alone"
 WORKERS = 2
 NO_TESTS_COLLECTED = 5  # pytest's exit status when the selection is empty
 
 
 def parts(args: list[str]) -> list[tuple[str, str, list[str]]]:
-    """Both parts: name, mark expression and pytest command line."""
+    """Every part: name, mark expression and pytest command line."""
     pytest = [sys.executable, "-m", "pytest"]
-    together, alone = f"not ({SHARED})", SHARED
+    workers = [*pytest, "-n", str(WORKERS), "--dist", "loadfile"]
+    together = f"not ({FAULTS} or {ALONE})"
+    faults = f"({FAULTS}) and not {ALONE}"
     return [
-        (f"on {WORKERS} workers", together,
-         [*pytest, "-n", str(WORKERS), "--dist", "loadfile", "-m", together, *args]),
-        ("one at a time", alone, [*pytest, "-p", "no:xdist", "-m", alone, *args]),
+        (f"on {WORKERS} workers", together, [*workers, "-m", together, *args]),
+        (f"faults and Spark, on {WORKERS} workers", faults, [*workers, "-m", faults, *args]),
+        ("one at a time", ALONE, [*pytest, "-p", "no:xdist", "-m", ALONE, *args]),
     ]
 
 
 def outcome(statuses: list[int]) -> int:
-    """Both parts' exit statuses as one: 0 when each passed or was empty, not both empty."""
+    """The parts' exit statuses as one: 0 when each passed or was empty, not all empty."""
     if all(s == NO_TESTS_COLLECTED for s in statuses):
         return NO_TESTS_COLLECTED
     failed = [s for s in statuses if s not in (0, NO_TESTS_COLLECTED)]
@@ -47,7 +55,7 @@ def outcome(statuses: list[int]) -> int:
 
 
 def main(args: list[str]) -> int:
-    """Run both parts in turn (the second even when the first failed: one report of all)."""
+    """Run the parts in turn (the later ones even when one failed: one report of all)."""
     statuses = []
     for how, marks, command in parts(args):
         name = f"{how} ({marks})"

@@ -1,4 +1,4 @@
-"""The suite's two parts (tests/run.py): together they hold every test once, and their exit
+"""The suite's parts (tests/run.py): together they hold every test once, and their exit
 statuses make one."""
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from tests import run
     ([0, 1], 1),
     ([5, 2], 2),
     ([1, 2], 1),
+    ([0, 0, 0], 0),
+    ([5, 5, 0], 0),
+    ([5, 5, 5], 5),
+    ([0, 0, 1], 1),
 ])
 def test_outcome__passes_only_when_each_part_passed_or_was_empty(
     statuses: list[int], expected: int
@@ -40,6 +44,16 @@ def test_parts__hold_every_test_of_the_suite_once() -> None:
     everything = _collected()
     selections = [_collected("-m", marks) for _, marks, _ in run.parts([])]
     assert len(everything) > 800, len(everything)
-    assert selections[0].isdisjoint(selections[1])
-    assert selections[0] | selections[1] == everything
+    assert sum(len(s) for s in selections) == len(everything), [len(s) for s in selections]
+    assert set().union(*selections) == everything
     assert all(selections), [len(s) for s in selections]
+
+
+def test_parts__the_alone_tests_run_without_workers_and_the_others_on_two() -> None:
+    commands = {marks: command for _, marks, command in run.parts(["-q"])}
+    alone = commands[run.ALONE]
+    assert alone[alone.index("-p") + 1] == "no:xdist"
+    others = [c for m, c in commands.items() if m != run.ALONE]
+    assert len(others) == 2
+    assert all(c[c.index("-n") + 1] == str(run.WORKERS) for c in others)
+    assert all(c[-1] == "-q" for c in commands.values())
