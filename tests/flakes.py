@@ -3,7 +3,7 @@ second pytest worker or another CI run puts on this 2-core machine) and list eve
 ever failed, with how often.
 
     .venv/bin/python tests/flakes.py --rounds 5 tests/integration/test_fair_claims.py
-    .venv/bin/python tests/flakes.py --rounds 5 -m timing tests/integration tests/chaos
+    .venv/bin/python tests/flakes.py --rounds 5 -m timing tests/integration tests/chaos tests/ha
     .venv/bin/python tests/flakes.py --no-hog --rounds 3 tests/integration/test_migrate.py
 
 Every argument after the options goes to pytest (paths, -k, -m). The tests run on one process

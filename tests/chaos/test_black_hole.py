@@ -50,6 +50,7 @@ class NoticedLate(AssertionError):
     """The relay noticed the silent cut later than its configured timeout says."""
 
 
+@pytest.mark.timing
 async def test_black_hole_to_rabbitmq__detected_within_the_heartbeat_bound_and_loses_nothing(
     env: Env, tmp_path: Path
 ) -> None:
@@ -126,6 +127,7 @@ async def _outbox_errors(dsn: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+@pytest.mark.timing
 async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_set_timeouts(
     env: Env, tmp_path: Path
 ) -> None:
@@ -227,6 +229,7 @@ async def _flow(env: Env, tmp_path: Path, **overrides: object
         assert await relay.stop() == 0
 
 
+@pytest.mark.timing
 async def test_sigterm_with_postgres_black_holed__exits_within_the_shutdown_bound(
     env: Env, start_relay
 ) -> None:
@@ -262,6 +265,7 @@ async def test_sigterm_with_postgres_black_holed__exits_within_the_shutdown_boun
         await proxy.close()
 
 
+@pytest.mark.timing
 async def test_single_active_leader_black_holed__its_lock_session_ends_and_a_standby_leads(
     env: Env, consumer: Consumer, start_relay
 ) -> None:

@@ -63,6 +63,7 @@ async def _drain_while_killing(groups: list[Relays], dsns: list[str], rng: rando
     return kills
 
 
+@pytest.mark.timing
 async def test_stream_outboxes_chaos__two_outboxes_and_a_restore_relays_killed_lose_no_row(
     env: Env, other_db: str, tmp_path: Path
 ) -> None:

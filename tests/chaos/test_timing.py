@@ -23,6 +23,7 @@ BASE_S = 0.5
 LATE_TOLERANCE_S = 5.0
 
 
+@pytest.mark.timing
 async def test_retry_timing__backoff_is_respected_and_other_rows_keep_flowing(
     env: Env, tmp_path: Path
 ) -> None:

@@ -57,6 +57,7 @@ async def _replayed(primary_dsn: str, standby_dsn: str) -> bool:
         await standby.close()
 
 
+@pytest.mark.timing
 async def test_pg_failover__primary_killed_standby_promoted_loses_nothing_and_resumes(
     pg_pair: PrimaryStandby, amqp_url: str, broker_names: tuple[str, str], tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

@@ -13,6 +13,8 @@ import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from tests.helpers import (
     RELAY_BIN,
     Env,
@@ -154,6 +156,7 @@ async def test_prune__an_archive_that_is_not_partitioned_is_pruned_in_batches(en
     assert await count_rows(env.pg_dsn, ARCHIVE) == 1
 
 
+@pytest.mark.timing
 async def test_prune__a_reader_of_the_archive_never_holds_its_inserts_and_prune_says_why(
     env: Env,
 ) -> None:

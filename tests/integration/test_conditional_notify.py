@@ -146,6 +146,7 @@ def distribution(latencies_s: list[float]) -> str:
             f"max={ms[-1]:.1f}ms")
 
 
+@pytest.mark.timing
 async def test_conditional__race_straddling_sleep_delivers_every_row_within_bound(
     cond_env: Env, timed: Consumer, notifications: NotifyCounter, start_relay
 ) -> None:
@@ -224,6 +225,7 @@ async def _notified_beyond(counter: NotifyCounter, n: int) -> bool:
 
 
 @pytest.mark.parametrize("state", ["asleep", "awake"])
+@pytest.mark.timing
 async def test_conditional__relay_killed_while_asleep_or_awake_then_new_relay_serves_producers(
     cond_env: Env, timed: Consumer, notifications: NotifyCounter, start_relay, state: str
 ) -> None:
@@ -272,6 +274,7 @@ def run_migrate(env: Env, mode: str) -> None:
     assert f"notify trigger: {mode}" in out.stdout.decode()
 
 
+@pytest.mark.timing
 async def test_migrate__switches_notify_mode_on_live_table_with_running_relay(
     cond_env: Env, timed: Consumer, notifications: NotifyCounter, start_relay
 ) -> None:

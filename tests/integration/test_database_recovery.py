@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from relay.app import database_config, make_listener
 from relay.settings import Settings
 from relay.supervise import Backoff, Supervisors
@@ -15,6 +17,7 @@ from tests.helpers import wait_until
 from tests.kit.proxy import proxy_for, via_proxy
 
 
+@pytest.mark.timing
 async def test_listener_back__ends_the_worker_pools_backoff_at_once(db: str) -> None:
     proxy = await proxy_for(db)
     settings = Settings(pg_dsn=via_proxy(db, proxy.port), reconnect_max_s=60)

@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import RELAY_BIN, Env, wait_until
 from tests.integration.test_http import http_get
 from tests.kit.consumer import Consumer
@@ -49,6 +51,7 @@ async def _idle_connection(port: int) -> asyncio.StreamWriter | None:
     return writer
 
 
+@pytest.mark.timing
 async def test_http__two_thousand_idle_connections_leave_healthz_answering_and_rows_flowing(
     env: Env, consumer: Consumer, tmp_path: Path,
 ) -> None:

@@ -109,6 +109,7 @@ async def test_inbox__a_message_delivered_again_is_acked_without_running_the_han
     assert await queue_depth(env) == 0, "the duplicate is acked, not left in the queue"
 
 
+@pytest.mark.timing
 async def test_inbox__a_database_that_goes_silent_is_given_up_and_the_message_handled_once_after(
     env: Env, consumer_db: str
 ) -> None:

@@ -21,6 +21,7 @@ BOUND_S = {NotifyMode.CONDITIONAL: 2.0, NotifyMode.ALWAYS: 2.0, NotifyMode.OFF: 
 
 
 @pytest.mark.parametrize("notify_mode", list(NotifyMode))
+@pytest.mark.timing
 async def test_notify_mode__idle_relay_delivers_each_row_within_the_mode_bound(
     notify_mode: NotifyMode, env: Env, consumer: Consumer, start_relay
 ) -> None:

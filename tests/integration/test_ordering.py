@@ -238,6 +238,7 @@ async def _elected_at(relay: RelayProcess) -> float | None:
     return None
 
 
+@pytest.mark.timing
 async def test_single_active__standby_takes_over_within_the_bound_and_loses_nothing(
     env: Env, consumer: Any, start_relay: Callable[..., RelayProcess]
 ) -> None:
@@ -314,6 +315,7 @@ async def test_single_active__a_leader_that_loses_its_lock_connection_exits_and_
     await consumer.wait_for(1)
 
 
+@pytest.mark.timing
 async def test_keyed_claim__a_due_key_is_claimed_at_once_behind_20000_waiting_keys(
     env: Env, start_relay
 ) -> None:
@@ -347,6 +349,7 @@ async def _asleep(dsn: str) -> bool:
     return await sleepers(dsn) == 1
 
 
+@pytest.mark.timing
 async def test_single_active__a_leader_whose_lock_session_ends__stops_and_exits_at_once(
     env: Env, consumer: Any, start_relay: Callable[..., RelayProcess]
 ) -> None:

@@ -31,6 +31,7 @@ async def _busy_transaction(conn: asyncpg.Connection, seconds: float) -> None:
             await conn.fetchval("SELECT pg_sleep(0.5)")
 
 
+@pytest.mark.timing
 async def test_worker_session_on_pg18__a_transaction_past_the_batchs_longest_path_is_ended(
     db18: str,
 ) -> None:

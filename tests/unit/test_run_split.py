@@ -57,3 +57,10 @@ def test_parts__the_alone_tests_run_without_workers_and_the_others_on_two() -> N
     assert len(others) == 2
     assert all(c[c.index("-n") + 1] == str(run.WORKERS) for c in others)
     assert all(c[-1] == "-q" for c in commands.values())
+
+
+def test_timing_mark__selects_tests_of_integration_and_chaos_for_the_flake_finder() -> None:
+    """tests/flakes.py's documented run (`-m timing tests/integration tests/chaos`) has tests."""
+    timed = _collected("-m", "timing", "tests/integration", "tests/chaos")
+    assert {t.split("/")[1] for t in timed} == {"integration", "chaos"}, sorted(timed)
+    assert len(timed) >= 20, len(timed)
