@@ -21,6 +21,7 @@ from tests import services
 from tests.chaos.pgcluster import PrivateCluster, pg18_bin_dir, remove_stale
 from tests.helpers import Env, RelayProcess, pg_session, with_database
 from tests.kit.consumer import Consumer
+from tests.order import read_seconds, slowest_modules_first
 from tests.servers.rabbitmq_node import RabbitNode
 
 RUN_ID = secrets.token_hex(3)
@@ -56,6 +57,12 @@ CORE_MODULES = frozenset({
     "test_security", "test_write_outbox", "test_cold_plans",
 })
 PG_SERVERS = ("pg15", "pg18")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest modules first (tests/order.py): on xdist workers the short ones fill in at
+    the end instead of a long one running alone."""
+    items[:] = slowest_modules_first(items, read_seconds())
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
