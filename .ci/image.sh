@@ -14,7 +14,8 @@
 # No image registry answers here, so the base image is made locally: a Debian bookworm with
 # Python 3.11 by debootstrap from the mirror apt uses, with this machine's CA bundle (the
 # package index is reached through it), imported as outbox-relay-ci-base. The engine is
-# Debian's docker.io run with host networking only and the vfs storage driver; its data, the
+# Debian's docker.io run with host networking only and the overlay2 storage driver (vfs where
+# overlay mounts are refused); its data, the
 # base and the logs live under $STATE. Whatever a killed run left (engine, containers) is
 # stopped first; the engine stops when this script ends, however it ends.
 set -euo pipefail
@@ -54,12 +55,29 @@ fi
 mkdir -p "$STATE"
 stop_engine  # what an interrupted run left
 trap stop_engine EXIT
-log "engine (vfs, host network only)"
-dockerd --iptables=false --bridge=none --storage-driver=vfs \
-  --data-root "$STATE/data" --exec-root "$STATE/exec" --pidfile "$STATE/dockerd.pid" \
-  -H "$DOCKER_HOST" >"$STATE/dockerd.log" 2>&1 &
-for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-docker info >/dev/null
+start_engine() {  # start_engine <storage driver>: 0 once it answers, 1 if it exits first
+  dockerd --iptables=false --bridge=none --storage-driver="$1" \
+    --data-root "$STATE/data" --exec-root "$STATE/exec" --pidfile "$STATE/dockerd.pid" \
+    -H "$DOCKER_HOST" >"$STATE/dockerd.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 1
+  done
+  docker info >/dev/null
+}
+# overlay2 where the machine lets the engine mount overlays (each layer and container a mount:
+# a build and a container's start take seconds); vfs otherwise (each one a full copy of the
+# image: minutes for the Spark image).
+if start_engine overlay2; then
+  log "engine (overlay2, host network only)"
+else
+  tail -n 3 "$STATE/dockerd.log"
+  stop_engine
+  start_engine vfs
+  log "engine (vfs: overlay2 refused, host network only)"
+fi
 
 build() {  # build <target> <tag>
   local started=$SECONDS
