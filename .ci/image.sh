@@ -15,9 +15,9 @@
 # Python 3.11 by debootstrap from the mirror apt uses, with this machine's CA bundle (the
 # package index is reached through it), imported as outbox-relay-ci-base. The engine is
 # Debian's docker.io run with host networking only and the overlay2 storage driver (vfs where
-# overlay mounts are refused); its data, the
-# base and the logs live under $STATE. Whatever a killed run left (engine, containers) is
-# stopped first; the engine stops when this script ends, however it ends.
+# overlay mounts are refused); its data, the base and the logs live under $STATE. Whatever a
+# killed run left (engine, containers) is stopped first; the engine stops when this script
+# ends, however it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PHASES=${1:-all}
