@@ -4,8 +4,8 @@
    and a queue of its own) on two pytest-xdist workers, a test module per worker at a time;
 2. then the fault tests (chaos, HA, soak) and the Spark jobs, on two workers too, a module per
    worker at a time: each cuts, restarts or kills only what it started (relays, proxies,
-   private RabbitMQ nodes and PostgreSQL clusters, Spark JVMs), and most of their time is spent
-   waiting for a timeout, so that two of them beside each other leave the machine half idle;
+   private RabbitMQ nodes and PostgreSQL clusters, Spark JVMs), and much of their time is spent
+   waiting for a timeout (one at a time, they left the CPU a third idle);
 3. then, one at a time with nothing beside them, the tests marked `alone`: they change or load
    what every test shares (every stream connection of the broker, the whole machine).
 
