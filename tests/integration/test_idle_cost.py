@@ -20,7 +20,8 @@ from tests.kit.producer import insert_rows
 from tests.kit.stream import a_stream, insert_stream_rows, read_stream
 
 RELAYS = 2
-WINDOW_S = 15.0
+WINDOW_S = 12.0
+STATS_FLUSH_S = 11.0
 # Transactions a second per idle relay, the test's own few statements included. Measured on a
 # 2-core machine: about 0.4 without streams, 3 with the default 4 stream slots (1 relay) or 2
 # each (2 relays); 13 each when idle slots looked every half second whatever the wake-up lock.
@@ -31,6 +32,10 @@ STREAM_SLEEPERS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AN
                    "AND mode = 'ExclusiveLock' AND objid = 'queue_message_stream'::regclass::oid "
                    "AND database = (SELECT oid FROM pg_database "
                    "WHERE datname = current_database())")
+# How many slots each relay holds now (the default 4 slots share out 2 and 2 between 2 relays).
+SLOT_SHARES = ("SELECT coalesce(array_agg(n ORDER BY n), '{}') FROM (SELECT count(*) AS n "
+               "FROM queue_message_stream_slots WHERE owner IS NOT NULL AND lease_until > now() "
+               "GROUP BY owner) AS shares")
 
 
 @pytest.fixture
@@ -58,10 +63,16 @@ async def test_idle__relays_with_only_delayed_rows_make_a_few_transactions_a_sec
     conn = await asyncpg.connect(env.pg_dsn)
     try:
         if streams:
+            # The first relay up takes every slot and gives one back each lease quarter (2.5 s)
+            # once it sees the second: the window starts after the hand-over, not during it.
+            await wait_until(lambda: _shared_evenly(conn), timeout_s=60,
+                             what="the 4 stream slots shared 2 and 2 between the relays")
             await wait_until(lambda: _one_sleeper(conn), timeout_s=30,
                              what="a relay asleep on the stream table's wake-up lock")
-        # Slots share out between the relays at the lease's quarter (2.5 s): past it, idle.
-        await asyncio.sleep(3.0)
+        # A backend that committed within a second of its last report keeps its counts up to
+        # 10 s before it reports them (PGSTAT_IDLE_INTERVAL): counted from an earlier start, the
+        # window took in the start-up's transactions. Past 10 s idle, what is counted is idle.
+        await asyncio.sleep(STATS_FLUSH_S)
         before, started = await conn.fetchval(XACTS), time.monotonic()
         await asyncio.sleep(WINDOW_S)
         after, elapsed = await conn.fetchval(XACTS), time.monotonic() - started
@@ -79,6 +90,10 @@ async def test_idle__relays_with_only_delayed_rows_make_a_few_transactions_a_sec
         rows = await insert_stream_rows(env.pg_dsn, stream, 1)
         got = await read_stream(stream, at_least=1, timeout_s=30)
         assert [m["id"] for m in got] == rows
+
+
+async def _shared_evenly(conn: asyncpg.Connection) -> bool:
+    return bool(await conn.fetchval(SLOT_SHARES) == [2, 2])
 
 
 async def _one_sleeper(conn: asyncpg.Connection) -> bool:
