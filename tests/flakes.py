@@ -1,15 +1,18 @@
-"""The flake finder: run chosen tests several rounds with a CPU hog on one core (the load a
-second pytest worker or another CI run puts on this 2-core machine) and list every test that
+"""The flake finder: run chosen tests several rounds with CPU hogs (one by default, on one core:
+the load another pytest worker or another CI run puts on this 2-core machine; `--hogs 2`, one
+on each core: about what the suite's three workers put beside a test) and list every test that
 ever failed, with how often.
 
     .venv/bin/python tests/flakes.py --rounds 5 tests/integration/test_fair_claims.py
     .venv/bin/python tests/flakes.py --rounds 5 -m timing tests/integration tests/chaos tests/ha
+    .venv/bin/python tests/flakes.py --hogs 2 --rounds 2 -m timing tests/integration tests/chaos
     .venv/bin/python tests/flakes.py --no-hog --rounds 3 tests/integration/test_migrate.py
 
 Every argument after the options goes to pytest (paths, -k, -m). The tests run on one process
 (no xdist), as the suite's second part does, against the machine's servers. Exit status 0 only
-when no test failed in any round. The hog is a busy loop pinned to CPU 0, started before the
-first round and stopped after the last, also when the run is interrupted.
+when no test failed in any round. A hog is a busy loop pinned to one CPU (the first on CPU 0,
+the next on CPU 1, ...), started before the first round and stopped after the last, also when
+the run is interrupted.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HOG = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
+HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 
 
 def failures(junit: Path) -> tuple[int, list[str]]:
@@ -44,11 +47,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python tests/flakes.py",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds to run (default 5)")
-    parser.add_argument("--no-hog", action="store_true", help="run without the CPU hog")
+    parser.add_argument("--hogs", type=int, default=1,
+                        help="busy loops, one per CPU from CPU 0 (default 1)")
+    parser.add_argument("--no-hog", action="store_true", help="run without a CPU hog")
     args, pytest_args = parser.parse_known_args()
     if not pytest_args:
         parser.error("give the tests to run (paths, -k or -m, as for pytest)")
-    hog = None if args.no_hog else subprocess.Popen([sys.executable, "-c", HOG])
+    cpus = sorted(os.sched_getaffinity(0))
+    hogs = [] if args.no_hog else [
+        subprocess.Popen([sys.executable, "-c", HOG, str(cpus[n % len(cpus)])])
+        for n in range(args.hogs)]
     seen: Counter[str] = Counter()
     ran_total = 0
     try:
@@ -70,10 +78,11 @@ def main() -> int:
                 for name in failed:
                     print(f"  FAILED {name}", flush=True)
     finally:
-        if hog is not None:
+        for hog in hogs:
             hog.kill()
             hog.wait()
-    print(f"{args.rounds} rounds{'' if args.no_hog else ' under a CPU hog on one core'}: "
+    under = f" under {len(hogs)} CPU hog(s), one per core" if hogs else ""
+    print(f"{args.rounds} rounds{under}: "
           f"{ran_total} test runs, {sum(seen.values())} failures")
     for name, count in seen.most_common():
         print(f"  {count}/{args.rounds}  {name}")

@@ -1,8 +1,10 @@
 """The order the suite's modules start in: the slowest first.
 
-On pytest-xdist workers with `--dist loadfile` (tests/run.py) each worker takes the next module
-in collection order when it is done with one. A slow module that comes last (the Spark jobs sort
-after the chaos and HA tests) then runs alone at the end while the other worker sits idle.
+On pytest-xdist workers with `--dist loadfile --no-loadscope-reorder` (tests/run.py) each
+worker takes the next module in collection order when it is done with one (without
+`--no-loadscope-reorder`, xdist itself starts the modules with the most tests first). A slow
+module that comes last (the Spark 3.5 run, one test) then runs alone at the end while the other
+workers sit idle.
 Starting the slowest modules first (the longest-processing-time rule) leaves the short ones to
 fill in at the end. How slow a module is comes from tests/durations.txt, the slowest tests of a
 CI run: the modules named there, by their summed seconds, come first; the others keep their
