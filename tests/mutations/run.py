@@ -11,6 +11,7 @@ vacuously: update the pattern to the new code instead.
     .venv/bin/python tests/mutations/run.py --list
     .venv/bin/python tests/mutations/run.py --only no-final-sweep
     .venv/bin/python tests/mutations/run.py --check     # patterns only, no test
+    .venv/bin/python tests/mutations/run.py --jobs 1    # one at a time (default: 2)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", default=[], help="mutation name (repeat)")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="mutations tested at a time (default 2)")
     parser.add_argument("--check", action="store_true",
                         help="only check that every pattern still matches the code")
     args = parser.parse_args(argv)
@@ -282,19 +286,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[mutation] {len(chosen)} patterns match")
             return 0
         missed = []
-        for m in chosen:
+
+        def one(m: Mutation) -> tuple[Mutation, bool, str, float]:
             root = Path(tmp) / m.name
             shutil.copytree(pristine, root)
-            apply(m, root)
-            caught, tail, elapsed = run_test(m, root)
-            verdict = "caught" if caught else "MISSED"
-            print(f"[mutation] {m.name}: {verdict} by {m.test} in {elapsed:.0f}s", flush=True)
-            if caught:
-                print(f"           {tail.splitlines()[0][:200]}", flush=True)
-            else:
-                missed.append(m.name)
-                print(tail, flush=True)
-            shutil.rmtree(root, ignore_errors=True)
+            try:
+                apply(m, root)
+                return (m, *run_test(m, root))
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+
+        # Each mutation's test has a database, an exchange and a queue of its own, like the
+        # suite's on its workers: `--jobs` of them at a time.
+        with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+            for done in as_completed([pool.submit(one, m) for m in chosen]):
+                m, caught, tail, elapsed = done.result()
+                verdict = "caught" if caught else "MISSED"
+                print(f"[mutation] {m.name}: {verdict} by {m.test} in {elapsed:.0f}s",
+                      flush=True)
+                if caught:
+                    print(f"           {tail.splitlines()[0][:200]}", flush=True)
+                else:
+                    missed.append(m.name)
+                    print(tail, flush=True)
     print(f"[mutation] {len(chosen) - len(missed)}/{len(chosen)} caught"
           + (f"; missed: {missed}" if missed else ""))
     return 1 if missed else 0
