@@ -201,8 +201,10 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 --   Both parts take rows from seq $5 up (deleted rows a pinned xmin horizon keeps in the index
 --   stay below it, relay/pg/seqfloor.py; a sweep passes the lowest bigint); the fill in seq
 --   order from $10 up ($10 >= $5: above the rows this relay's own claims took while a backlog
---   drains, so that it does not walk the rows other claims hold, relay/pg/seqfloor.py). Rows
---   of the fill come with `fill` true.
+--   drains, so that it does not walk the rows other claims hold, relay/pg/seqfloor.py), and
+--   when $11, above the table's shared frontier too (the highest seq any relay's full claim
+--   filled up to, sql/migrations/0027_shared_fill_frontier.sql). Rows of the fill come with
+--   `fill` true.
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
 -- alternate, so that a deep backlog of one kind cannot starve the other while a table holding
 -- one kind only still gets full batches. A kind whose turn finds no room is not run.
@@ -284,7 +286,11 @@ unkeyed AS (
                                    END AS occurrence_s,
                            true AS fill
                     FROM {table}
-                    WHERE available_at <= now() AND ordering_key IS NULL AND seq >= $10::bigint
+                    WHERE available_at <= now() AND ordering_key IS NULL
+                      AND seq >= GREATEST($10::bigint,
+                                          CASE WHEN $11::boolean
+                                               THEN (SELECT s.last_value + 1
+                                                     FROM {fill_frontier} AS s) END)
                       AND seq <> ALL((SELECT seqs FROM fair_seqs)::bigint[])
                     ORDER BY seq
                     LIMIT (SELECT CASE WHEN r.n_bytes > 0 THEN GREATEST(r.n_rows - f.n, 0)
@@ -316,6 +322,19 @@ FROM (SELECT * FROM keyed_first
       SELECT * FROM unkeyed
       UNION ALL
       SELECT * FROM keyed_after) AS c
+
+-- name: fill_frontier_move
+-- After a claim: $2 (it came back full), every relay's next fills start above $1, the highest
+-- seq its fill took; not full (no backlog above where it started, or rows given back below the
+-- frontier), they start at their floors again. A write only when the value changes. Not atomic
+-- with other relays' moves: two at once may keep the lower value, which costs a later claim
+-- some locked rows to step over and nothing else; the fair round and the floor's rescans find
+-- whatever lies below (relay/pg/seqfloor.py). $1 the lowest bigint and $2 true: nothing.
+SELECT setval({fill_frontier_literal}, CASE WHEN $2::boolean THEN $1::bigint
+                                            ELSE -9223372036854775808 END)
+FROM {fill_frontier}
+WHERE CASE WHEN $2::boolean THEN last_value < $1::bigint
+           ELSE last_value > -9223372036854775808 END
 
 -- name: claim_express
 -- The express lane (relay/loop/express.py): the fair round of `claim` alone, for rows that

@@ -63,6 +63,8 @@ GRANT EXECUTE ON FUNCTION {dead_letter_fn}(uuid[], text[], boolean[]) TO {relay_
 -- A relay that finds a backlog the table's statistics do not count has the table analyzed
 -- (sql/migrations/0025_statistics_refresh.sql), as its owner.
 GRANT EXECUTE ON FUNCTION {analyze_fn}(bigint) TO {relay_role};
+-- Where every relay's fills start while a backlog drains (sql/migrations/0027).
+GRANT SELECT, UPDATE ON SEQUENCE {fill_frontier} TO {relay_role};
 -- The archive's partitions (sql/migrations/0016): made ahead by an archiving relay, dropped by
 -- `relay prune`, through definer functions (the relay role has no DDL).
 GRANT EXECUTE ON FUNCTION {archive_partitions_fn}(integer) TO {relay_role};

@@ -83,6 +83,8 @@ class TableNames:
             "claim_keys_fn": self._q("_claim_keys"),
             "analyze_fn": self._q("_analyze"),
             "analyze_fn_literal": quote_literal(self._q("_analyze")),
+            "fill_frontier": self._q("_fill_frontier"),
+            "fill_frontier_literal": quote_literal(self._q("_fill_frontier")),
             "replay_fn": self._q("_replay"),
             "replay_fn_literal": quote_literal(self._q("_replay")),
             "dead_letter_fn": self._q("_park"),

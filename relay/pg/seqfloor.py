@@ -19,11 +19,15 @@ something else: the claims a wake-up runs until the backlog is drained.)
 
 While a backlog drains, a claim's *fill* (the rows in seq order, after the fair round) starts
 higher still: above the highest row this relay's fill took (`fill_start`), so that a claim does
-not walk the rows the relay's other lanes hold. Rows other claims hold were each read, and
-skipped, by every claim below them: with 4 relays of 3 lanes, 6,000 rows in flight, a claim of
-500 read up to 6,064 rows. A batch that gives rows back (rolled back, retried, recurring) and
-a claim that comes back short start the next fill at the floor again; rows otherwise left below
-the frontier (a delayed row come due, a late commit) are the fair round's or the rescan's.
+not walk the rows the relay's other lanes hold; and, unless it rescans (`shares`), above the
+table's *shared frontier*, the highest row any relay's full claim filled up to (a sequence in
+the database, sql/migrations/0027_shared_fill_frontier.sql), so that it does not walk the rows
+the other relays hold either. Rows other claims hold were each read, and skipped, by every
+claim below them: with 4 relays of 3 lanes, 6,000 rows in flight, a claim of 500 read up to
+6,064 rows. A batch that gives rows back (rolled back, retried, recurring) and a claim that
+comes back short start the next fill at the floor again, and set the shared frontier back
+too; rows otherwise left below the frontiers (a delayed row come due, a late commit, the rows
+of a relay that died) are the fair round's or the rescan's.
 
 Pure bookkeeping, no I/O: the store asks `start()` and `fill_start()` before each claim and
 tells `claimed()` and `filled()` what came back.
@@ -75,6 +79,11 @@ class SeqFloor:
         if self._rescanning or self._frontier is None:
             return start
         return max(start, self._frontier + 1)
+
+    def shares(self) -> bool:
+        """The claim start() just began may also start its fill above the table's shared
+        frontier (what every relay's full claims filled up to): not when it rescans."""
+        return not self._rescanning
 
     def filled(self, highest: int | None, full: bool) -> None:
         """A claim's fill took rows up to `highest` (None: none); `full`: the batch was."""

@@ -39,6 +39,15 @@ from relay.pg.tablestats import TableStatistics
 from relay.schedule import ScheduleError, is_interval, next_cron_time
 
 
+async def _frontier_back_quietly(conn: Conn, q: Queries) -> None:
+    """The table's shared fill frontier back to the floors, if the connection still works:
+    otherwise the rows given back wait for the fair round or a rescan (relay/pg/seqfloor.py)."""
+    if conn.is_closed():
+        return
+    with contextlib.suppress(*DB_ERRORS, TimeoutError):
+        await asyncio.wait_for(conn.execute(q["fill_frontier_move"], FROM_START, False), 5)
+
+
 async def _rollback_quietly(conn: Conn) -> None:
     """Roll back a claim; a connection the server or the pool already dropped is terminated."""
     try:
@@ -195,12 +204,13 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     else:
         start = floor.start() if floor is not None else FROM_START
         fill_from = floor.fill_start(start) if floor is not None else start
+        shared = floor is not None and floor.shares()
         started = time.monotonic()
         key_from = keys.start if keys is not None else None
         records = list(await conn.fetch(q["claim"], limit, opts.keys_per_batch,
                                         opts.block_on_dead, opts.max_bytes, start, keyed_first,
                                         None if upto is None else str(upto),
-                                        opts.max_message_bytes, key_from, fill_from))
+                                        opts.max_message_bytes, key_from, fill_from, shared))
         if keys is not None:
             keys.served(key_from, [r["fair_key"] for r in records if r["fair_key"] is not None])
         if floor is not None:
@@ -209,8 +219,11 @@ async def claim_records(conn: Conn, q: Queries, opts: ClaimOptions, limit: int,
     used = _bytes(records)
     if floor is not None and not express and not opts.fence:
         filled = [r["seq"] for r in records if r["fill"]]
-        floor.filled(max(filled) if filled else None,
-                     len(records) >= limit or used >= opts.max_bytes)
+        full = len(records) >= limit or used >= opts.max_bytes
+        floor.filled(max(filled) if filled else None, full)
+        # Every relay's fills: above what this one took while a backlog drains, at their
+        # floors again once none is left above (relay/pg/seqfloor.py).
+        await conn.execute(q["fill_frontier_move"], max(filled) if filled else FROM_START, full)
     records.sort(key=lambda r: r["seq"])
     rows = [
         # attempts is producer-writable: a negative count reads as none made yet.
@@ -428,8 +441,9 @@ class Outbox:
                     await _rollback_quietly(conn)
                 if not express and (batch.kept or not batch.committed):
                     # Rows back in the table below the fill's frontier: the next fill
-                    # starts at the floor again (relay/pg/seqfloor.py).
+                    # starts at the floor again (relay/pg/seqfloor.py), every relay's too.
                     self.floor.released()
+                    await _frontier_back_quietly(conn, self.q)
             if not express:
                 # A backlog its statistics do not count: the table analyzed now, after this
                 # batch, before the lanes' claims (relay/pg/tablestats.py).
@@ -457,7 +471,9 @@ class Outbox:
                                opts.max_message_bytes, 0, 0)
         else:
             await conn.execute(q["claim"], 0, opts.keys_per_batch, opts.block_on_dead, 0,
-                               FROM_START, True, None, opts.max_message_bytes, None, FROM_START)
+                               FROM_START, True, None, opts.max_message_bytes, None, FROM_START,
+                               False)
+            await conn.execute(q["fill_frontier_move"], FROM_START, True)  # moves nothing
         name = ("archive_published" if self._on_success is OnSuccess.ARCHIVE
                 else "delete_published")
         await conn.execute(q[name], [])

@@ -24,7 +24,7 @@ async def _claimed(conn: asyncpg.Connection, limit: int, keyed_first: bool,
     await tx.start()
     try:
         rows = await conn.fetch(CLAIM, limit, KEYS_PER_BATCH, False, max_bytes, FROM_START,
-                                keyed_first, None, MAX_MESSAGE, None, FROM_START)
+                                keyed_first, None, MAX_MESSAGE, None, FROM_START, False)
         locks = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
             "AND pid = pg_backend_pid()")
@@ -98,7 +98,7 @@ async def _claim_reading(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record]
     try:
         before = int(await conn.fetchval(count))
         rows = await claim.fetch(500, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, FROM_START, False, None,
-                                     MAX_MESSAGE, None, FROM_START)
+                                     MAX_MESSAGE, None, FROM_START, False)
         read = int(await conn.fetchval(count)) - before
     finally:
         await tx.rollback()
@@ -125,7 +125,7 @@ async def test_claim__the_express_lane_takes_newer_transactions_and_the_drain_th
         try:
             drain = {r["seq"] for r in await conn.fetch(
                 CLAIM, 100, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, FROM_START, False, str(base),
-                MAX_MESSAGE, None, FROM_START)}
+                MAX_MESSAGE, None, FROM_START, False)}
             lane = {r["seq"] for r in await conn.fetch(
                 express, 64, NO_BYTE_LIMIT, FROM_START, str(base), MAX_MESSAGE)}
         finally:

@@ -81,10 +81,10 @@ def _outbox_statements(db: Any, ids: list[str]) -> dict[str, tuple[str, tuple[An
     return {
         "claim (unkeyed first)": (q["claim"], (LIMIT, KEYS_PER_BATCH, False, MAX_BYTES,
                                                FROM_START, False, None, MAX_MESSAGE, None,
-                                               FROM_START)),
+                                               FROM_START, False)),
         "claim (keyed first)": (q["claim"], (LIMIT, KEYS_PER_BATCH, False, MAX_BYTES,
                                              FROM_START, True, None, MAX_MESSAGE, None,
-                                             FROM_START)),
+                                             FROM_START, False)),
         "claim_express": (q["claim_express"], (LIMIT, MAX_BYTES, FROM_START, None,
                                                MAX_MESSAGE)),
         "claim_single_active": (q["claim_single_active"], (LIMIT, False, MAX_BYTES, MAX_MESSAGE,
@@ -127,7 +127,7 @@ async def test_cold_plans__after_an_emptied_outbox_is_vacuumed_a_bulk_is_claimed
 
 def _claim(db: Any) -> tuple[Any, ...]:
     return (db.queries["claim"], LIMIT, KEYS_PER_BATCH, False, MAX_BYTES, FROM_START, False,
-            None, MAX_MESSAGE, None, FROM_START)
+            None, MAX_MESSAGE, None, FROM_START, False)
 
 
 async def test_cold_plans__a_stream_bulk_after_a_vacuum_is_given_to_slots_by_index(

@@ -35,7 +35,7 @@ async def _claims_until(conn: asyncpg.Connection, tag: str, cursor: FairKeyCurso
         async with conn.transaction():
             start = cursor.start
             records = await conn.fetch(CLAIM, BATCH, 16, False, NO_BYTE_LIMIT, FROM_START, False,
-                                       None, MAX_MESSAGE, start, FROM_START)
+                                       None, MAX_MESSAGE, start, FROM_START, False)
             cursor.served(start, [r["fair_key"] for r in records if r["fair_key"] is not None])
             await conn.execute("DELETE FROM queue_message WHERE seq = ANY($1::bigint[])",
                                [r["seq"] for r in records])
@@ -86,7 +86,7 @@ async def test_fairness_key__the_next_claim_goes_on_after_the_last_key_served(db
             async with conn.transaction():
                 start = cursor.start
                 records = await conn.fetch(CLAIM, BATCH, 16, False, NO_BYTE_LIMIT, FROM_START,
-                                           False, None, MAX_MESSAGE, start, FROM_START)
+                                           False, None, MAX_MESSAGE, start, FROM_START, False)
                 keys = [r["fair_key"] for r in records if r["fair_key"] is not None]
                 cursor.served(start, keys)
                 served.append(set(keys))

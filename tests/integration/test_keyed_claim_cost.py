@@ -50,7 +50,7 @@ async def _claim_reading(conn: asyncpg.Connection, keyed_first: bool,
     try:
         before = await conn.fetchval(read)
         rows = await conn.fetch(CLAIM, LIMIT, KEYS_PER_BATCH, False, NO_BYTE_LIMIT, FROM_START,
-                                keyed_first, None, MAX_MESSAGE, None, FROM_START)
+                                keyed_first, None, MAX_MESSAGE, None, FROM_START, False)
         after = await conn.fetchval(read)
     finally:
         await tx.rollback()

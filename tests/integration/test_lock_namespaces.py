@@ -49,7 +49,7 @@ async def test_ordering_key_lock__is_keyed_on_the_table_oid(db: str) -> None:
         await conn.execute("UPDATE queue_message SET ordering_key = 'k'")
         async with conn.transaction():
             rows = await conn.fetch(QUALIFIED["claim"], 10, 4, False, 1 << 30, FROM_START, True,
-                                    None, 16 << 20, None, FROM_START)
+                                    None, 16 << 20, None, FROM_START, False)
             locks = await conn.fetch(
                 "SELECT classid::bigint AS high, objid::bigint AS low FROM pg_locks "
                 "WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid()")

@@ -61,9 +61,9 @@ async def test_with_the_horizon_pinned__a_floored_claim_steps_over_none_of_the_d
         await conn.execute("DELETE FROM queue_message WHERE seq < $1", live_from)
         claim = Queries(NAMES)["claim"]
         bottom = await _index_entries_read(conn, claim, 500, 16, False, 24 << 20, FROM_START, False,
-                                            None, 16 << 20, None, FROM_START)
+                                            None, 16 << 20, None, FROM_START, False)
         floored = await _index_entries_read(conn, claim, 500, 16, False, 24 << 20, live_from,
-                                            False, None, 16 << 20, None, live_from)
+                                            False, None, 16 << 20, None, live_from, False)
     assert floored <= 1_000, (floored, bottom)
     assert bottom >= 29_500, (floored, bottom)
 

@@ -336,28 +336,33 @@ async def test_roles__an_upgrade_grants_new_tables_and_columns_to_the_relay_role
 ) -> None:
     """A deployment whose roles were made by an older `relay migrate --roles` upgrades with a
     plain `relay migrate`: the stream table of the old producer names, the occurrence
-    column and the function that analyzes the table are granted to the role that holds their
-    neighbours' grants (whatever its name), so its relays need no new grant to start."""
+    column, the function that analyzes the table and the claims' shared frontier are granted
+    to the role that holds their neighbours' grants (whatever its name), so its relays need no
+    new grant to start."""
     async with pg_session(env.pg_dsn) as admin:
         await admin.execute(f"REVOKE ALL ON queue_message_stream_legacy FROM {roles.relay}")
         await admin.execute(f"REVOKE UPDATE (occurrence_at) ON queue_message FROM {roles.relay}")
         await admin.execute("DROP FUNCTION queue_message_analyze(bigint)")
+        await admin.execute("DROP SEQUENCE queue_message_fill_frontier")
         await admin.execute("DELETE FROM relay_migrations WHERE version IN "
                             "('0022_stream_producer_names', '0023_occurrence_kept', "
-                            "'0025_statistics_refresh')")
+                            "'0025_statistics_refresh', '0027_shared_fill_frontier')")
     done = relay_cmd(env, "migrate")
     assert done.returncode == 0, done.stderr
     assert "0022_stream_producer_names" in done.stdout
     assert "0023_occurrence_kept" in done.stdout
     assert "0025_statistics_refresh" in done.stdout
+    assert "0027_shared_fill_frontier" in done.stdout
     async with pg_session(as_user(env.pg_dsn, roles.relay_login)) as relay:
         assert await relay.fetchval(
             "SELECT has_table_privilege('queue_message_stream_legacy', 'SELECT, DELETE') "
-            "AND has_column_privilege('queue_message', 'occurrence_at', 'UPDATE')")
+            "AND has_column_privilege('queue_message', 'occurrence_at', 'UPDATE') "
+            "AND has_sequence_privilege('queue_message_fill_frontier', 'SELECT, UPDATE')")
         # it may have the table it does not own analyzed (the function runs as the owner)
         assert await relay.fetchval("SELECT queue_message_analyze(1)") is True
     async with pg_session(as_user(env.pg_dsn, roles.producer_login)) as producer:
         assert not await producer.fetchval(
             "SELECT has_table_privilege('queue_message_stream_legacy', 'SELECT') "
             "OR has_column_privilege('queue_message', 'occurrence_at', 'UPDATE') "
-            "OR has_function_privilege('queue_message_analyze(bigint)', 'EXECUTE')")
+            "OR has_function_privilege('queue_message_analyze(bigint)', 'EXECUTE') "
+            "OR has_sequence_privilege('queue_message_fill_frontier', 'UPDATE')")

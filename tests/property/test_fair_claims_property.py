@@ -102,7 +102,7 @@ async def _run(dsn: str, mix: list[Txn]) -> None:
                 start = keys.start
                 records = await conn.fetch(
                     claim, BATCH, KEYS_PER_BATCH, False, 1 << 30, FROM_START, keyed_first, None,
-                    16 << 20, start, FROM_START)
+                    16 << 20, start, FROM_START, False)
                 keys.served(start, [r["fair_key"] for r in records if r["fair_key"] is not None])
                 got = [r["seq"] for r in records]
                 await conn.execute("DELETE FROM queue_message WHERE seq = ANY($1::bigint[])",

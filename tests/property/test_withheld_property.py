@@ -33,7 +33,7 @@ async def _claims(conn: asyncpg.Connection, limit: int) -> dict[str, list[asyncp
     out = {}
     for name, args in (
         ("claim", (Q["claim"], 1000, 64, False, NO_BYTE_LIMIT, FROM_START, True, None, limit,
-                   None, FROM_START)),
+                   None, FROM_START, False)),
         ("claim_express", (Q["claim_express"], 64, NO_BYTE_LIMIT, FROM_START, "0", limit)),
         ("claim_single_active", (Q["claim_single_active"], 1000, False, NO_BYTE_LIMIT, limit,
                                  0, 4064)),
