@@ -203,8 +203,10 @@ WHERE locktype = 'advisory' AND classid = {wakeup_lock_class}::oid
 --   order from $10 up ($10 >= $5: above the rows this relay's own claims took while a backlog
 --   drains, so that it does not walk the rows other claims hold, relay/pg/seqfloor.py), and
 --   when $11, above the table's shared frontier too (the highest seq any relay's full claim
---   filled up to, sql/migrations/0027_shared_fill_frontier.sql). Rows of the fill come with
---   `fill` true.
+--   filled up to, sql/migrations/0027_shared_fill_frontier.sql: read by a function, since a
+--   scan of the sequence would be a Seq Scan these sessions price out, and in a sub-SELECT,
+--   evaluated once, since the function is volatile and could not bound the index scan
+--   otherwise). Rows of the fill come with `fill` true.
 -- $6 true: keyed first, unkeyed in the room left; false: the other way round. Callers
 -- alternate, so that a deep backlog of one kind cannot starve the other while a table holding
 -- one kind only still gets full batches. A kind whose turn finds no room is not run.
@@ -289,8 +291,8 @@ unkeyed AS (
                     WHERE available_at <= now() AND ordering_key IS NULL
                       AND seq >= GREATEST($10::bigint,
                                           CASE WHEN $11::boolean
-                                               THEN (SELECT s.last_value + 1
-                                                     FROM {fill_frontier} AS s) END)
+                                               THEN (SELECT pg_sequence_last_value(
+                                                         {fill_frontier_literal}) + 1) END)
                       AND seq <> ALL((SELECT seqs FROM fair_seqs)::bigint[])
                     ORDER BY seq
                     LIMIT (SELECT CASE WHEN r.n_bytes > 0 THEN GREATEST(r.n_rows - f.n, 0)
@@ -330,11 +332,16 @@ FROM (SELECT * FROM keyed_first
 -- with other relays' moves: two at once may keep the lower value, which costs a later claim
 -- some locked rows to step over and nothing else; the fair round and the floor's rescans find
 -- whatever lies below (relay/pg/seqfloor.py). $1 the lowest bigint and $2 true: nothing.
-SELECT setval({fill_frontier_literal}, CASE WHEN $2::boolean THEN $1::bigint
-                                            ELSE -9223372036854775808 END)
-FROM {fill_frontier}
-WHERE CASE WHEN $2::boolean THEN last_value < $1::bigint
-           ELSE last_value > -9223372036854775808 END
+-- The sequence is read by a function, not scanned: a scan would be a Seq Scan, which the
+-- claiming sessions' plans price out (relay/pg/connection.py).
+SELECT CASE WHEN $2::boolean
+            THEN CASE WHEN COALESCE(pg_sequence_last_value({fill_frontier_literal}),
+                                    -9223372036854775808) < $1::bigint
+                      THEN setval({fill_frontier_literal}, $1::bigint) END
+            ELSE CASE WHEN COALESCE(pg_sequence_last_value({fill_frontier_literal}),
+                                    -9223372036854775808) > -9223372036854775808
+                      THEN setval({fill_frontier_literal}, -9223372036854775808) END
+       END
 
 -- name: claim_express
 -- The express lane (relay/loop/express.py): the fair round of `claim` alone, for rows that

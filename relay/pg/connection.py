@@ -63,8 +63,11 @@ Conn = Any
 # (0.48 s) instead of 651 (6 ms). Off means "at a huge cost" (15) or "last resort" (18): a
 # statement with no index path still runs (the backlog's count reads the whole table and
 # turns them on again for itself). A DSN's options that name one keep it.
+# JIT off too: a plan that still holds a scan they price out costs over 10^10, far past
+# jit_above_cost, and the server then compiled the claim on every run (0.64 s of CPU for a
+# claim that takes 4 ms): these sessions' statements are short and never gain from it.
 CLAIMING_ROLES = frozenset({"worker", "streams"})
-PLANS_BY_INDEX = {"enable_seqscan": "off", "enable_bitmapscan": "off"}
+PLANS_BY_INDEX = {"enable_seqscan": "off", "enable_bitmapscan": "off", "jit": "off"}
 
 
 def connect_args(db: DatabaseConfig, role: str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ def test_connect_args__claiming_sessions_plan_by_the_indexes_unless_the_dsn_says
     for role in ("worker", "streams"):
         claiming = connect_args(database_config(settings), role)["server_settings"]
         assert (claiming["enable_seqscan"], claiming["enable_bitmapscan"]) == ("off", "off")
+        assert claiming["jit"] == "off"
     # sessions that never claim plan as the server does
     for role in ("wakeup", "leader", "status", "listener"):
         assert "enable_seqscan" not in connect_args(database_config(settings), role)[
