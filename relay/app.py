@@ -305,11 +305,12 @@ async def _serve(settings: Settings, db: DatabaseConfig, supervisors: Supervisor
         if metrics is not None:
             poller = services.start(
                 BacklogPoller(outbox.backlog, metrics, settings.backlog_poll_interval_s))
-            services.hold(await start_http(
+            for server in await start_http(
                 settings, db, metrics=metrics, poller=poller, worker=worker,
                 worker_task=worker_task, publisher=publisher, listener=listener,
                 supervisors=supervisors,
-            ))
+            ):
+                services.hold(server)
         await _stop_worker_when_asked(settings, worker, worker_task, stop_requested,
                                       supervisors, hard_stop=outbox.terminate)
     finally:
@@ -375,8 +376,10 @@ async def start_http(
     publisher: Pipeline,
     listener: Listener,
     supervisors: Supervisors,
-) -> HttpServer:
-    """Wire the metrics and probes to the running objects and start the HTTP endpoint."""
+) -> list[HttpServer]:
+    """Wire the metrics and probes to the running objects and start the HTTP endpoint, and
+    the admin port when RELAY_ADMIN_PORT sets one (the admin API and the page's buttons then
+    answer there only)."""
     broker = publisher.connection
 
     def broker_node() -> tuple[str | None, int]:
@@ -401,10 +404,22 @@ async def start_http(
         connections=supervisors.snapshot,
     )
     admin = admin_api(settings, db)
-    http = HttpServer(settings.http_host, settings.http_port, health, metrics.render,
-                      status_page(db, broker_node, admin=admin.on), admin=admin)
-    await http.start()
-    return http
+    apart = settings.admin_port > 0
+    public = admin.moved() if apart else admin
+    servers = [HttpServer(settings.http_host, settings.http_port, health, metrics.render,
+                          status_page(db, broker_node, admin=public.on), admin=public)]
+    if apart:
+        servers.append(HttpServer(settings.admin_host, settings.admin_port, health,
+                                  metrics.render, status_page(db, broker_node, admin=True),
+                                  admin=admin, setting="RELAY_ADMIN_PORT"))
+    for server in servers:
+        try:
+            await server.start()
+        except BaseException:
+            for started in servers:
+                await started.close()
+            raise
+    return servers
 
 
 def admin_api(settings: Settings, db: DatabaseConfig) -> AdminApi:

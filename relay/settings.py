@@ -199,6 +199,18 @@ class Settings(BaseSettings):
         default=0, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz; 0 = off."
     )
     http_host: str = Field(default="0.0.0.0", description="Address the HTTP endpoint binds.")  # noqa: S104
+    admin_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="Port of the admin API and the status page with its buttons, apart from "
+        "the metrics and probes: operators keep RELAY_HTTP_PORT open to the cluster and this "
+        "one on the loopback. Needs RELAY_ADMIN_TOKEN and RELAY_HTTP_PORT. 0 (default): the "
+        "admin API is on RELAY_HTTP_PORT.",
+    )
+    admin_host: str = Field(
+        default="127.0.0.1",
+        description="Address RELAY_ADMIN_PORT binds: the loopback by default (reached from "
+        "the pod itself, `kubectl port-forward`).",
+    )
     admin_token: str | None = Field(
         default=None,
         description="Turns on the admin API on the HTTP port (/admin/dead: list, show, replay, "
@@ -343,6 +355,16 @@ class Settings(BaseSettings):
                     f"RELAY_{low.upper()} ({getattr(self, low):g}) must not exceed "
                     f"RELAY_{high.upper()} ({getattr(self, high):g})"
                 )
+        if self.admin_port:
+            if self.admin_token is None:
+                raise ValueError("RELAY_ADMIN_PORT is set but RELAY_ADMIN_TOKEN is not: "
+                                 "without a token the admin API is off")
+            if not self.http_port:
+                raise ValueError("RELAY_ADMIN_PORT needs RELAY_HTTP_PORT (the metrics' and "
+                                 "probes' port) set as well")
+            if self.admin_port == self.http_port:
+                raise ValueError(f"RELAY_ADMIN_PORT ({self.admin_port}) must differ from "
+                                 f"RELAY_HTTP_PORT ({self.http_port})")
         return self
 
     # Deadlines: a stop must leave in-flight batches the time their publish may take.

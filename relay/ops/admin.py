@@ -5,7 +5,10 @@ Off unless RELAY_ADMIN_TOKEN is set. Every call, reading or changing, must carry
 another site only after a CORS preflight, which this port never answers, so a page elsewhere
 cannot make a logged-in operator's browser call it. Change-making calls are POSTs with a JSON
 body (`Content-Type: application/json`, which an HTML form cannot send). Every call is logged
-with what it did (`admin_call`), every refused one too (`admin_refused`).
+with what it did (`admin_call`), refused ones too (`admin_refused`), at a bounded rate: a
+flood of refused calls writes at most REFUSALS_LOGGED lines a minute, the next line says how
+many were left out (`suppressed`). With RELAY_ADMIN_PORT the API answers on that port only;
+the HTTP port then says where it is.
 
 What a call does is the dead-letter commands' logic (relay/pg/deadletters.py), reached through
 `DeadLetterAction`, which relay/app.py provides: this module sees no database.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -35,6 +39,37 @@ PREFIX = "/admin/"
 MAX_BODY = 64 * 1024
 JSON = "application/json"
 _FILTER_KEYS = {"ids", "reason", "older_than", "all", "limit", "dry_run"}
+# Refused calls logged at most this many per REFUSALS_WINDOW_S (a flood must not flood the log).
+REFUSALS_LOGGED = 10
+REFUSALS_WINDOW_S = 60.0
+
+
+class BoundedLog:
+    """An event written at most `burst` times in any `window_s`; the lines held back are counted
+    and the next line written says how many (`suppressed`)."""
+
+    def __init__(self, event: str, *, burst: int = REFUSALS_LOGGED,
+                 window_s: float = REFUSALS_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.event = event
+        self._burst = burst
+        self._window_s = window_s
+        self._clock = clock
+        self._written: list[float] = []
+        self.suppressed = 0  # held back since the last line written
+
+    def __call__(self, **fields: Any) -> bool:
+        """Write the event now if the budget allows; True when written."""
+        now = self._clock()
+        self._written = [t for t in self._written if now - t < self._window_s]
+        if len(self._written) >= self._burst:
+            self.suppressed += 1
+            return False
+        self._written.append(now)
+        extra = {"suppressed": self.suppressed} if self.suppressed else {}
+        self.suppressed = 0
+        log.info(self.event, **fields, **extra)
+        return True
 
 
 def _reply(status: int, body: Any) -> Response:
@@ -44,14 +79,21 @@ def _reply(status: int, body: Any) -> Response:
 class AdminApi:
     """Routes /admin/... requests to the dead-letter actions, behind the token."""
 
-    def __init__(self, token: str | None, action: DeadLetterAction) -> None:
+    def __init__(self, token: str | None, action: DeadLetterAction, *,
+                 elsewhere: bool = False) -> None:
         self._token = token
         self._action = action
+        self._elsewhere = elsewhere  # on RELAY_ADMIN_PORT: this port only says so
+        self._refused = BoundedLog("admin_refused")
+
+    def moved(self) -> AdminApi:
+        """What the HTTP port answers for /admin/... while the API is on its own port."""
+        return AdminApi(self._token, self._action, elsewhere=True)
 
     @property
     def on(self) -> bool:
-        """A token is set: the API answers."""
-        return self._token is not None
+        """A token is set and the API answers here."""
+        return self._token is not None and not self._elsewhere
 
     @staticmethod
     def mine(path: str) -> bool:
@@ -63,12 +105,18 @@ class AdminApi:
                      body: bytes) -> Response:
         """Answer one request; log what it did."""
         status, reply, did = await self._answer(method, path, headers, body)
-        event = "admin_call" if status < 400 else "admin_refused"
-        log.info(event, method=method, path=urlsplit(path).path, status=status, did=did)
+        fields = {"method": method, "path": urlsplit(path).path, "status": status, "did": did}
+        if status < 400:
+            log.info("admin_call", **fields)
+        else:
+            self._refused(**fields)
         return reply
 
     async def _answer(self, method: str, path: str, headers: Mapping[str, str],
                       body: bytes) -> tuple[int, Response, str]:
+        if self._elsewhere:
+            return 404, _reply(404, {"error": "the admin API listens on its own port "
+                                              "(RELAY_ADMIN_PORT), not this one"}), ""
         if self._token is None:
             return 404, _reply(404, {"error": "the admin API is off: set RELAY_ADMIN_TOKEN"}), ""
         if not self._authorised(headers):

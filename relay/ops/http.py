@@ -197,9 +197,11 @@ class HttpServer:
         status_page: StatusPage | None = None,
         *,
         admin: AdminApi | None = None,
+        setting: str = "RELAY_HTTP_PORT",
     ) -> None:
         self.host = host
         self.port = port
+        self.setting = setting  # the setting that named the port, for a bind error
         self.health = health
         self._render_metrics = render_metrics
         self.status_page = status_page
@@ -215,12 +217,13 @@ class HttpServer:
             self._server = await asyncio.start_server(self._handle, self.host, self.port)
         except OSError as exc:
             raise ConfigError(
-                f"RELAY_HTTP_PORT: cannot listen on {self.host}:{self.port}: {exc.strerror}"
+                f"{self.setting}: cannot listen on {self.host}:{self.port}: {exc.strerror}"
             ) from exc
         sockets = self._server.sockets
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
-        log.info("http_listening", host=self.host, port=self.port)
+        log.info("http_listening", host=self.host, port=self.port,
+                 admin=self.admin is not None and self.admin.on)
 
     async def close(self) -> None:
         """Stop listening; safe to call twice."""

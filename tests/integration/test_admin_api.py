@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from relay.ops.admin import REFUSALS_LOGGED
 from relay.pg.deadletters import ADMIN_CONTENT_CHARS, ADMIN_LIST_MAX
 from relay.pg.queries import Queries, TableNames
 from tests.helpers import Env, pg_fetchval, pg_session, wait_until
@@ -173,6 +174,36 @@ async def test_admin_api__off_without_a_token(env: Env, start_relay: Any) -> Non
     assert status == 404
     assert "RELAY_ADMIN_TOKEN" in body["error"]
     assert await _dead(env) == 1
+
+
+async def test_admin_port__the_api_answers_there_only_and_refusals_are_logged_at_a_bound(
+    env: Env, start_relay: Any,
+) -> None:
+    """RELAY_ADMIN_PORT: the calls answer on that port (the loopback), the HTTP port says where
+    they are and changes nothing; 40 calls with a wrong token write at most 10 log lines."""
+    parked = await _parked(env, 2)
+    port, admin_port = free_port(), free_port()
+    relay = start_relay(http_port=port, admin_port=admin_port, admin_token=TOKEN)
+    await _up(admin_port)
+    status, body = await call(port, "POST", "/admin/dead/purge", body={"all": True})
+    assert status == 404
+    assert "RELAY_ADMIN_PORT" in body["error"]
+    assert await _dead(env) == 2
+    status, listing = await call(admin_port, "GET", "/admin/dead")
+    assert status == 200
+    assert sorted(r["id"] for r in listing) == sorted(parked)
+    listening = {e["port"]: e for e in relay.log_events() if e.get("event") == "http_listening"}
+    assert listening[admin_port]["host"] == "127.0.0.1"
+    assert listening[admin_port]["admin"]
+    assert not listening[port]["admin"]
+    for _ in range(40):
+        assert (await call(admin_port, "GET", "/admin/dead", token="x" * 30))[0] == 401
+    refused = [e for e in relay.log_events() if e.get("event") == "admin_refused"]
+    # The HTTP port's 404 above, then at most the bound of the wrong tokens' 40.
+    assert len(refused) <= 1 + REFUSALS_LOGGED, len(refused)
+    assert len(refused) >= REFUSALS_LOGGED, "refusals are logged, up to the bound"
+    assert (await call(admin_port, "GET", "/admin/dead", token="x" * 30))[0] == 401
+    assert (await call(port, "GET", "/healthz", token=None))[0] == 200
 
 
 async def test_admin_token__a_weak_one_stops_start_up_naming_the_setting(

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.ops.admin import AdminApi
+from relay.ops.admin import AdminApi, BoundedLog
 from relay.pg.deadletters import _filter_of
 
 TOKEN = "t" * 32
@@ -43,6 +43,30 @@ def test_off__every_call_answers_404_saying_how_to_turn_it_on() -> None:
     assert status == 404
     assert "RELAY_ADMIN_TOKEN" in body["error"]
     assert actions.calls == []
+
+
+def test_moved__the_http_port_says_the_api_is_on_its_own_port_and_calls_nothing() -> None:
+    actions = Actions()
+    api = AdminApi(TOKEN, actions)
+    assert api.on
+    assert not api.moved().on
+    status, body = _ask(api.moved(), "GET", "/admin/dead", AUTH, b"")
+    assert status == 404
+    assert "RELAY_ADMIN_PORT" in body["error"]
+    assert actions.calls == []
+
+
+def test_bounded_log__at_most_the_burst_in_a_window_then_says_how_many_it_held_back() -> None:
+    now = [0.0]
+    refused = BoundedLog("admin_refused", burst=3, window_s=60.0, clock=lambda: now[0])
+    written = [refused(status=401) for _ in range(10)]
+    assert written == [True] * 3 + [False] * 7
+    assert refused.suppressed == 7
+    now[0] = 59.0  # the first three are still in the window
+    assert not refused(status=401)
+    now[0] = 60.5  # they left it: one line, which carries the count held back
+    assert refused(status=401)
+    assert refused.suppressed == 0
 
 
 def test_a_token_that_differs_in_its_last_character_is_refused() -> None:

@@ -129,6 +129,12 @@ def test_load_settings__test_suite_variables_and_unit_aliases_are_known(
          "RELAY_RETRY_BASE_S (60) must not exceed RELAY_RETRY_MAX_S (10)"),
         ({"RELAY_POLL_INTERVAL_S": "0.01"},
          "RELAY_POLL_MIN_INTERVAL_S (0.05) must not exceed RELAY_POLL_INTERVAL_S (0.01)"),
+        ({"RELAY_ADMIN_PORT": "9001", "RELAY_HTTP_PORT": "9000"},
+         "RELAY_ADMIN_PORT is set but RELAY_ADMIN_TOKEN is not"),
+        ({"RELAY_ADMIN_PORT": "9001", "RELAY_ADMIN_TOKEN": "a" * 32},
+         "RELAY_ADMIN_PORT needs RELAY_HTTP_PORT"),
+        ({"RELAY_ADMIN_PORT": "9000", "RELAY_HTTP_PORT": "9000", "RELAY_ADMIN_TOKEN": "a" * 32},
+         "RELAY_ADMIN_PORT (9000) must differ from RELAY_HTTP_PORT (9000)"),
     ],
 )
 def test_load_settings__settings_that_contradict_each_other_are_refused(
