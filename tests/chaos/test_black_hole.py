@@ -40,6 +40,11 @@ BACKLOG = 5_000
 RATE = 500
 HEARTBEAT_S = 2
 SLACK_S = 5.0  # a loaded 2-core machine: scheduling, the relay's own reaction, our polling
+# The PostgreSQL cut's bounds (rows freed at the 7 s idle-in-transaction bound, noticed at the
+# 35 s command timeout): missed by more than 5 s once in 2 rounds with both cores kept busy
+# (tests/flakes.py --hogs 2); 15 s still tells a notice at the command timeout from one at
+# twice it, the fault this test was written for.
+PG_SLACK_S = 15.0
 
 
 class RelayDied(AssertionError):
@@ -167,23 +172,23 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
         freed_s = time.monotonic() - (proxy.black_holed_at or 0.0)
         # The relay notices when a statement it sent times out (asyncpg's command timeout).
         await wait_until(lambda: group.events("connection_lost", connection="database"),
-                         timeout_s=command_s * 2 + SLACK_S * 2, interval_s=0.1,
+                         timeout_s=command_s * 2 + PG_SLACK_S * 2, interval_s=0.1,
                          what="connection_lost (database)")
         detect_s = time.monotonic() - (proxy.black_holed_at or 0.0)
         since_cut = _events_since(relay, time.time() - detect_s)
         print(f"\n[chaos] black hole to PostgreSQL: rows freed after {freed_s:.1f}s "
               f"(idle-in-transaction {idle_s:g}s), relay noticed after {detect_s:.1f}s "
               f"(command timeout {command_s:g}s)")
-        assert freed_s <= idle_s + SLACK_S
+        assert freed_s <= idle_s + PG_SLACK_S, f"rows freed after {freed_s:.1f}s"
         await proxy.restore()
         await wait_until(lambda: group.events("connection_restored", connection="database"),
                          timeout_s=60,
                          what="connection_restored (database)")
     await proxy.close()
     # Checked last, so that everything above (no loss, rows freed in time) is proven first.
-    if detect_s > command_s + SLACK_S:
+    if detect_s > command_s + PG_SLACK_S:
         raise NoticedLate(f"noticed after {detect_s:.1f}s > command timeout {command_s:g}s "
-                          f"+ {SLACK_S:g}s; the relay's log from the cut on, seconds since "
+                          f"+ {PG_SLACK_S:g}s; the relay's log from the cut on, seconds since "
                           f"the cut: {since_cut}")
 
 
