@@ -31,15 +31,20 @@ REPO = Path(__file__).resolve().parents[1]
 HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 
 
-def failures(junit: Path) -> tuple[int, list[str]]:
-    """Tests run and those that failed or errored in one round's JUnit XML report."""
+def failures(junit: Path) -> tuple[int, list[tuple[str, str]]]:
+    """Tests run, and those that failed or errored in one round's JUnit XML report with the
+    first line of why."""
     root = ET.parse(junit).getroot()  # noqa: S314 - the report our own pytest just wrote
     ran = 0
     failed = []
     for case in root.iter("testcase"):
         ran += 1
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(f"{case.get('classname')}::{case.get('name')}")
+        fault = case.find("failure")
+        fault = fault if fault is not None else case.find("error")
+        if fault is not None:
+            why = (fault.get("message") or "").splitlines()[:1]
+            failed.append((f"{case.get('classname')}::{case.get('name')}",
+                           why[0][:300] if why else ""))
     return ran, failed
 
 
@@ -68,15 +73,15 @@ def main() -> int:
                                 "-p", "no:cacheprovider", f"--junitxml={junit}",
                                 *pytest_args], cwd=REPO, check=False,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                ran, failed = failures(junit) if junit.exists() else (0, ["(no report)"])
+                ran, failed = failures(junit) if junit.exists() else (0, [("(no report)", "")])
                 ran_total += ran
-                seen.update(failed)
+                seen.update(name for name, _ in failed)
                 print(f"round {number}/{args.rounds}: {ran} tests, {len(failed)} failed, "
                       f"{time.monotonic() - started:.0f} s"
                       f"{' (load ' + str(os.getloadavg()[0]) + ')' if failed else ''}",
                       flush=True)
-                for name in failed:
-                    print(f"  FAILED {name}", flush=True)
+                for name, why in failed:
+                    print(f"  FAILED {name}" + (f" - {why}" if why else ""), flush=True)
     finally:
         for hog in hogs:
             hog.kill()
