@@ -1,10 +1,9 @@
 """The order the suite's modules start in: the slowest first.
 
-On pytest-xdist workers with `--dist loadfile --no-loadscope-reorder` (tests/run.py) each
-worker takes the next module in collection order when it is done with one (without
-`--no-loadscope-reorder`, xdist itself starts the modules with the most tests first). A slow
-module that comes last (the Spark 3.5 run, one test) then runs alone at the end while the other
-workers sit idle.
+On pytest-xdist workers with `--dist loadfile` (tests/run.py) xdist starts the modules with the
+most tests first, in collection order among modules of one size; run serially (`pytest -p
+no:xdist`, tests/flakes.py), the collection order is the order. A slow module that comes last
+runs alone at the end while the others sit idle.
 Starting the slowest modules first (the longest-processing-time rule) leaves the short ones to
 fill in at the end. How slow a module is comes from tests/durations.txt, the slowest tests of a
 CI run: the modules named there, by their summed seconds, come first; the others keep their

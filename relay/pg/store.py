@@ -42,10 +42,11 @@ from relay.schedule import ScheduleError, is_interval, next_cron_time
 async def _frontier_back_quietly(conn: Conn, q: Queries) -> None:
     """The table's shared fill frontier back to the floors, if the connection still works:
     otherwise the rows given back wait for the fair round or a rescan (relay/pg/seqfloor.py)."""
-    if conn.is_closed():
-        return
+    # A connection the rollback terminated is already back in the pool: every call on it,
+    # is_closed() too, raises InterfaceError (one of DB_ERRORS).
     with contextlib.suppress(*DB_ERRORS, TimeoutError):
-        await asyncio.wait_for(conn.execute(q["fill_frontier_move"], FROM_START, False), 5)
+        if not conn.is_closed():
+            await asyncio.wait_for(conn.execute(q["fill_frontier_move"], FROM_START, False), 5)
 
 
 async def _rollback_quietly(conn: Conn) -> None:

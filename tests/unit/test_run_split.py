@@ -49,17 +49,14 @@ def test_parts__hold_every_test_of_the_suite_once() -> None:
     assert all(selections), [len(s) for s in selections]
 
 
-def test_parts__the_alone_tests_run_without_workers_and_the_others_on_workers_in_our_order(
-) -> None:
+def test_parts__the_alone_tests_run_without_workers_and_the_others_on_three() -> None:
     commands = {marks: command for _, marks, command in run.parts(["-q"])}
     alone = commands[run.ALONE]
     assert alone[alone.index("-p") + 1] == "no:xdist"
     others = [c for m, c in commands.items() if m != run.ALONE]
     assert len(others) == 1
     assert all(c[c.index("-n") + 1] == str(run.WORKERS) for c in others)
-    # xdist would otherwise start the modules with the most tests first (tests/order.py's
-    # slowest-first order undone: the one-test Spark 3.5 run came last).
-    assert all("--no-loadscope-reorder" in c for c in others)
+    assert all(c[c.index("--dist") + 1] == "loadfile" for c in others)
     assert all(c[-1] == "-q" for c in commands.values())
 
 
