@@ -112,5 +112,5 @@ if [ "$PHASES" != build ]; then
   done
   log "exercising both images (tests/image)"
   RELAY_TEST_IMAGE=outbox-relay:ci RELAY_TEST_SPARK_IMAGE=outbox-relay-spark:ci \
-    .venv/bin/pytest -q -s -p no:cacheprovider tests/image
+    .venv/bin/pytest -q -s -p no:cacheprovider --durations=3 tests/image
 fi
