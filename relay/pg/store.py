@@ -402,9 +402,21 @@ class Outbox:
 
     async def newest_transaction(self) -> int | None:
         """The newest transaction that has unkeyed rows in the outbox (None: none)."""
-        with translated("reading the newest transaction"):
-            value = await self._pool.fetchval(self.q["newest_transaction"])
+        value = await self._read_one("reading the newest transaction", "newest_transaction")
         return None if value is None else int(value)
+
+    async def _read_one(self, doing: str, query: str) -> Any:
+        """One value a query reads on a pooled connection. A read that times out on the client
+        (a silent server) drops its connection at once and the release is bounded: the pool's
+        own release would reset the dead connection and wait another command timeout, and a
+        silent cut took twice the command timeout to notice while the express lane looked."""
+        with translated("taking a database connection"):
+            conn = await self._pool.acquire()
+        try:
+            with translated(doing, conn):
+                return await conn.fetchval(self.q[query])
+        finally:
+            await self._release(conn)
 
     @asynccontextmanager
     async def claim(self, limit: int, *, express: bool = False, after: int | None = None,
@@ -501,8 +513,7 @@ class Outbox:
 
     async def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest delayed row becomes due; None when no row waits."""
-        with translated("reading the next due time"):
-            value = await self._pool.fetchval(self.q["seconds_until_next_due"])
+        value = await self._read_one("reading the next due time", "seconds_until_next_due")
         return None if value is None else max(float(value), 0.0)
 
     async def backlog(self) -> dict[str, Any]:
