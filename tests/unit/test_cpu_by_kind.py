@@ -31,8 +31,11 @@ def test_kind__names_each_process_by_what_it_is(comm: str, cmdline: str, expecte
 def test_main__counts_the_commands_cpu_and_returns_its_status(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # A second of CPU, then alive and idle for three: the sampler (once a second, and late
+    # on a loaded machine) sees all of it; a process that ends between two samples loses what
+    # it used since the last one.
     spin = ("spinner=1;import time\nend = time.process_time() + 1.0\n"
-            "while time.process_time() < end: pass")
+            "while time.process_time() < end: pass\ntime.sleep(3)")
     status = cpu_by_kind.main(["--", sys.executable, "-c", spin + "\nraise SystemExit(3)"])
     out = capsys.readouterr().out
     assert status == 3
