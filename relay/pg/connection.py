@@ -46,6 +46,16 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.TargetServerAttributeNotMatched,
 )
 
+
+def is_unavailable(exc: BaseException) -> bool:
+    """No usable server now (UNAVAILABLE_ERRORS), or a session the server ended under a
+    statement: asyncpg's bare InternalClientError "cannot switch to state ...; another
+    operation is in progress" (a FATAL shutdown message read, the session not closed yet). It
+    is one outage with the refusals that follow, not a second kind of error; its subclasses
+    (a stale statement cache, a protocol error) stay errors."""
+    state_error = type(exc) is asyncpg.exceptions.InternalClientError
+    return state_error or isinstance(exc, UNAVAILABLE_ERRORS)
+
 # The pool logs a traceback per failed reconnect of its idle floor; the worker logs each
 # outage once itself (its Supervisor: connection_lost ... connection_restored).
 logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
@@ -160,7 +170,7 @@ async def bound_transactions(conn: Conn, transaction_ms: int) -> None:
 
 def connect_failed(db: DatabaseConfig, exc: BaseException) -> DatabaseError:
     where = redact(db.dsn)
-    kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
+    kind = DatabaseUnavailable if is_unavailable(exc) else DatabaseError
     return kind(f"cannot connect to PostgreSQL at {where}: {exc}")
 
 
@@ -221,7 +231,7 @@ def translated(doing: str, conn: Conn | None = None) -> Iterator[None]:
 def database_error(exc: BaseException, doing: str) -> DatabaseError:
     """A driver error as the relay's own: DatabaseUnavailable when no usable server answers
     (retried by the supervisors), DatabaseError otherwise."""
-    kind = DatabaseUnavailable if isinstance(exc, UNAVAILABLE_ERRORS) else DatabaseError
+    kind = DatabaseUnavailable if is_unavailable(exc) else DatabaseError
     return kind(f"{doing} failed: {exc}")
 
 
