@@ -519,13 +519,22 @@ class Outbox:
     async def backlog(self) -> dict[str, Any]:
         """The backlog figures (relay/pg/status.py: backlog_figures) for the metrics and
         /readyz, and the sessions holding a relay role's lock that are not relays."""
-        with translated("reading the backlog"):
-            async with self._pool.acquire() as conn, conn.transaction():
-                # Counts of the whole table: a scan is their plan (the pool's sessions plan
-                # by the indexes otherwise, relay/pg/connection.py PLANS_BY_INDEX).
-                await conn.execute(self.q["whole_table_plans"])
-                out = await backlog_figures(conn, self.q)
-            strangers = await self._pool.fetch(self.q["lock_strangers"])
+        with translated("taking a database connection"):
+            conn = await self._pool.acquire()
+        try:
+            try:
+                # Dropped at once if it timed out (as _read_one's), before the rollback below.
+                with translated("reading the backlog", conn):
+                    await conn.execute("BEGIN")
+                    # Counts of the whole table: a scan is their plan (the pool's sessions
+                    # plan by the indexes otherwise, relay/pg/connection.py PLANS_BY_INDEX).
+                    await conn.execute(self.q["whole_table_plans"])
+                    out = await backlog_figures(conn, self.q)
+                    strangers = await conn.fetch(self.q["lock_strangers"])
+            finally:
+                await _rollback_quietly(conn)
+        finally:
+            await self._release(conn)
         out["lock_strangers"] = [dict(r) for r in strangers]
         return out
 

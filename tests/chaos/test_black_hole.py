@@ -195,7 +195,7 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("read", ["newest_transaction", "seconds_until_next_due"])
+@pytest.mark.parametrize("read", ["newest_transaction", "seconds_until_next_due", "backlog"])
 async def test_black_hole_to_postgres__a_pooled_read_fails_at_one_command_timeout_not_two(
     db: str, read: str
 ) -> None:
@@ -203,7 +203,8 @@ async def test_black_hole_to_postgres__a_pooled_read_fails_at_one_command_timeou
     on a pooled connection: after a silent cut the read timed out, then the pool's release reset
     the dead connection and waited another command timeout, so a relay noticed the outage at
     twice its command timeout (seen 1 run in 3 of the test above under a CPU hog: 70 s for 35).
-    The read now fails at one command timeout, its connection dropped."""
+    The read now fails at one command timeout, its connection dropped. The backlog's figures
+    (metrics, /readyz) read in a transaction: its rollback must not wait either."""
     proxy = await proxy_for(db)
     settings = Settings(pg_dsn=via_proxy(db, proxy.port), statement_timeout_s=10)
     command_s = float(connect_args(database_config(settings), "worker")["command_timeout"])
