@@ -1,10 +1,10 @@
 """Conditional notify (docs/notify.md): producers notify only while a relay sleeps, and no
 row waits for the periodic sweep. Real PostgreSQL, real RabbitMQ, real `relay run` processes.
 
-The relays here poll every 30 s, so a lost wake-up shows as a delay of 30 s; the tests
-check two seconds end to end (the stated bound, docs/notify.md, is on when the relay's
-sweep starts; the rest is publish, broker, consumer and this shared machine's scheduling
-noise, reported in the printed distribution).
+The relays here poll every 5 minutes, so a lost wake-up shows as a delay of minutes; the
+tests check a minute end to end (BOUND_S: far above a wake-up on a loaded machine; the stated
+bound, docs/notify.md, is on when the relay's sweep starts, and the rest is publish, broker,
+consumer and this shared machine's scheduling noise, reported in the printed distribution).
 """
 
 from __future__ import annotations
@@ -36,11 +36,14 @@ from tests.kit.producer import insert_rows
 
 NAMES = TableNames(None, "queue_message", "queue_message_notify")
 Q = Queries(NAMES)
-POLL_S = 30  # a missed wake-up would wait this long
-# A wake-up takes milliseconds; this bound is far above that on a loaded machine and far below
+POLL_S = 300  # a missed wake-up would wait this long
+# A wake-up takes milliseconds; this bound is far above that on a loaded machine (the slowest
+# seen: 11.5 s, a new relay's first wake-up beside the Spark and fault tests) and far below
 # POLL_S, which only a missed wake-up waits.
-BOUND_S = 10.0
-BURST_TIMEOUT_S = 10.0
+BOUND_S = 60.0
+# A burst's rows, each sent within 30 ms: shorter, as the mutation check (tests/mutations) waits
+# it out on every run.
+BURST_TIMEOUT_S = 20.0
 
 
 class NotifyCounter:
@@ -167,7 +170,7 @@ async def test_conditional__race_straddling_sleep_delivers_every_row_within_boun
     # later ones insert while it is awake (and skip the NOTIFY), and the relay goes to sleep
     # while their slower commits (up to 50 ms) are still pending. The next burst starts only
     # once this one is delivered (then after 0-30 ms), so nothing but the relay's own
-    # wake-up rule can deliver a row: a missed one would wait for the 30 s periodic sweep.
+    # wake-up rule can deliver a row: a missed one would wait for the periodic sweep.
     done = 0
     while done < 2000:
         size = min(rng.randint(5, 45), 2000 - done)
@@ -251,7 +254,7 @@ async def test_conditional__relay_killed_while_asleep_or_awake_then_new_relay_se
     latencies = []
     for _ in range(20):
         row_id, committed = await produce_one(pool, env)
-        await timed.wait_all([row_id], timeout_s=POLL_S + 10)
+        await timed.wait_all([row_id], timeout_s=BOUND_S + 10)
         latencies.append(timed.arrivals[row_id] - committed)
         await wait_sleepers(env.pg_dsn, 1)
     await pool.close()
@@ -299,7 +302,7 @@ async def test_migrate__switches_notify_mode_on_live_table_with_running_relay(
         for _ in range(3):
             await wait_sleepers(env.pg_dsn, sleeping)
             # off: found by the relay's poll (every 5 s here), not woken.
-            results[mode].append(await delivered_within(BOUND_S if mode != "off" else 25.0))
+            results[mode].append(await delivered_within(BOUND_S))
         sent = await notifications.settle() - before
         # off: no trigger, no NOTIFY; always and conditional (relay asleep): one per commit.
         assert sent == (0 if mode == "off" else 3), (mode, sent)
