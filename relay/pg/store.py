@@ -405,18 +405,25 @@ class Outbox:
         value = await self._read_one("reading the newest transaction", "newest_transaction")
         return None if value is None else int(value)
 
-    async def _read_one(self, doing: str, query: str) -> Any:
-        """One value a query reads on a pooled connection. A read that times out on the client
-        (a silent server) drops its connection at once and the release is bounded: the pool's
-        own release would reset the dead connection and wait another command timeout, and a
-        silent cut took twice the command timeout to notice while the express lane looked."""
+    @asynccontextmanager
+    async def _taken(self) -> AsyncIterator[Conn]:
+        """A pooled connection, released bounded (_release). Statements on it run inside
+        `translated(doing, conn)`, which drops a connection that timed out on the client (a
+        silent server) at once: the pool's own release would reset the dead connection and wait
+        another command timeout (a silent cut took twice the command timeout to notice while
+        the express lane looked)."""
         with translated("taking a database connection"):
             conn = await self._pool.acquire()
         try:
-            with translated(doing, conn):
-                return await conn.fetchval(self.q[query])
+            yield conn
         finally:
             await self._release(conn)
+
+    async def _read_one(self, doing: str, query: str) -> Any:
+        """One value a query reads on a pooled connection (_taken)."""
+        async with self._taken() as conn:
+            with translated(doing, conn):
+                return await conn.fetchval(self.q[query])
 
     @asynccontextmanager
     async def claim(self, limit: int, *, express: bool = False, after: int | None = None,
@@ -424,9 +431,7 @@ class Outbox:
         """Lock up to `limit` due rows in a transaction; it rolls back unless committed.
         `express`: the fair round alone, of transactions newer than `after` (the express
         lane); `max_bytes`: a lane's smaller byte budget (relay/loop/budget.py)."""
-        with translated("taking a database connection"):
-            conn = await self._pool.acquire()
-        try:
+        async with self._taken() as conn:
             with translated("claiming rows", conn):
                 try:
                     await self._prepare(conn, express)
@@ -462,8 +467,6 @@ class Outbox:
                 # batch, before the lanes' claims (relay/pg/tablestats.py).
                 with translated("refreshing the table's statistics", conn):
                     await self.statistics.refresh_if_due(conn, self.q)
-        finally:
-            await self._release(conn)
 
     async def _prepare(self, conn: Conn, express: bool) -> None:
         """Prepare, outside any transaction, every statement a claim's transaction runs, the
@@ -519,11 +522,9 @@ class Outbox:
     async def backlog(self) -> dict[str, Any]:
         """The backlog figures (relay/pg/status.py: backlog_figures) for the metrics and
         /readyz, and the sessions holding a relay role's lock that are not relays."""
-        with translated("taking a database connection"):
-            conn = await self._pool.acquire()
-        try:
+        async with self._taken() as conn:
             try:
-                # Dropped at once if it timed out (as _read_one's), before the rollback below.
+                # Dropped at once if it timed out (_taken), before the rollback below.
                 with translated("reading the backlog", conn):
                     await conn.execute("BEGIN")
                     # Counts of the whole table: a scan is their plan (the pool's sessions
@@ -533,8 +534,6 @@ class Outbox:
                     strangers = await conn.fetch(self.q["lock_strangers"])
             finally:
                 await _rollback_quietly(conn)
-        finally:
-            await self._release(conn)
         out["lock_strangers"] = [dict(r) for r in strangers]
         return out
 
