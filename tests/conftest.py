@@ -65,6 +65,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = slowest_modules_first(items, read_seconds())
 
 
+@pytest.hookimpl(optionalhook=True)  # unknown when xdist is off (-p no:xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` with the local Spark session's modules on one worker
+    (tests/xdist_units.py); any other `--dist` as xdist has it."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.xdist_units import SuiteScheduling
+
+    return SuiteScheduling(config, log)  # type: ignore[arg-type]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Run the core modules' tests once per server."""
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
