@@ -25,19 +25,3 @@ fi
 
 java -version 2>&1 | head -1
 ls -l /usr/share/java/postgresql.jar
-
-# A second virtual environment with Spark 3.5 (the extra accepts >=3.5,<5): tests/spark/
-# test_spark35.py runs every test of tests/spark again in it. Created once, then checked.
-cd "$(dirname "$0")/../.."
-venv35=.venv/spark-3.5
-if [ ! -x "$venv35/bin/pytest" ]; then
-    echo "==> $venv35 (pyspark 3.5)"
-    "${PYTHON:-python3}" -m venv "$venv35"
-    "$venv35/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-    # The tested versions of everything else (constraints.txt), pyspark 3.5 instead of 4; its
-    # [sql] extra wants numpy below 2, and pyarrow 21 and later need numpy 2: both older here.
-    grep -v -i -E '^(pyspark|py4j|numpy|pyarrow)==' constraints.txt > "$venv35/constraints-3.5.txt"
-    "$venv35/bin/python" -m pip install -q -c "$venv35/constraints-3.5.txt" \
-        -e ".[test,spark]" "pyspark>=3.5.2,<3.6" "pyarrow<21" 2>&1 | grep -v "is ignored" || true
-fi
-"$venv35/bin/python" -c "import pyspark; print('pyspark', pyspark.__version__, 'in $venv35')"

@@ -1,5 +1,5 @@
 """The Spark tests again under Spark 3.5 (the extra accepts >=3.5,<5), in the second virtual
-environment .ci/steps/spark.sh builds: every test of tests/spark but this one, on PostgreSQL 15
+environment .ci/spark35-venv.sh builds: every test of tests/spark but this one, on PostgreSQL 15
 (the server's version is not Spark's: 4.x runs each test on 15 and 18), and of the standalone
 cluster's spark-submits the executor killed in copy mode only (the mode whose own code runs on
 the executors; staged and append write with Spark's own JDBC writer, which the local-mode tests
@@ -24,7 +24,7 @@ ONLY = "not pg18 and not append_mode_writes_every_event"
 def test_spark_3_5__every_spark_test_passes() -> None:
     python = VENV / "bin" / "python"
     if not python.exists():
-        pytest.fail(f"{VENV} is missing: run `bash .ci/steps/spark.sh` (it builds it)",
+        pytest.fail(f"{VENV} is missing: run `bash .ci/spark35-venv.sh` (it builds it)",
                     pytrace=False)
     version = subprocess.run([str(python), "-c", "import pyspark; print(pyspark.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()

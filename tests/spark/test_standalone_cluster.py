@@ -63,9 +63,13 @@ async def delivered(env: Env) -> Consumer:
 
 
 @pytest.mark.parametrize("mode", [KILLED_MODE])
-async def test_spark_submit__executor_killed_then_rerun__relay_delivers_each_id_once(
+async def test_spark_submit__executor_killed__relay_delivers_each_id_once(
     standalone: Any, env: Env, start_relay: Any, tmp_path: Path, mode: str,
 ) -> None:
+    """One submit, an executor killed mid-write. That a second run of the job adds nothing is
+    proved in local mode, as the same writer role (test_spark_role.py: idempotent modes write
+    and skip a rerun; test_ids_and_order.py: a reshuffled rerun adds nothing): a submit more
+    here was two more JVMs, a minute or more on a busy 2-core machine."""
     await bind(env, "settlement.completed")
     start_relay(on_success="archive")
     marker = tmp_path / "killed"
@@ -74,11 +78,9 @@ async def test_spark_submit__executor_killed_then_rerun__relay_delivers_each_id_
     # can neither read content nor change rows (docs/spark.md).
     async with spark_writer_login(env.pg_dsn) as writer:
         first = submit(standalone, writer, KILLED_JOB, str(marker), *job_args(env, mode))
-        second = submit(standalone, writer, EXAMPLE_JOB, *job_args(env, mode))
 
     assert marker.exists()  # the executor was killed mid-job, and the job still finished
     assert f"{MERCHANTS} events, {MERCHANTS} new" in first
-    assert f"{MERCHANTS} events, 0 new, {MERCHANTS} already" in second
     consumer = await delivered(env)
     assert consumer.duplicates() == 0
     assert len(consumer.messages) == MERCHANTS
