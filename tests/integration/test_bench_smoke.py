@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bench_smoke__runs_every_scenario_in_the_default_mode_and_writes_results(
     tmp_path: Path,
 ) -> None:
+    """About a minute (66-68 s): every benchmark scenario, each at its smallest size, with the
+    relays and private servers each one starts."""
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,

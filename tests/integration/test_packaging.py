@@ -57,6 +57,8 @@ def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
 async def test_packaging__fresh_venv_install_runs_help_migrate_and_status(
     tmp_path: Path, empty_db: str
 ) -> None:
+    """Over a minute in a loaded CI run (78 s): a fresh virtual environment and a plain `pip
+    install .` of the project and its dependencies, as the Dockerfile does."""
     context = docker_build_context(tmp_path / "src")
     target = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(target)

@@ -122,6 +122,8 @@ async def _round_trip(dsn: str, name: str, contents: list[Any], servable: bool,
 def test_stream_rows__reach_their_stream_once_as_written_or_wait_counted(
     env: Env, start_relay, name: str, contents: list[Any]
 ) -> None:
+    """Over a minute (68-75 s): each of hypothesis's examples declares a stream on the real
+    broker, writes its rows and starts a relay that sends them."""
     refused_by = asyncio.run(_refused_by(env.pg_dsn, name))
     if no_stream_can_have(name):
         assert refused_by == "queue_message_stream_name_servable", name

@@ -91,6 +91,8 @@ async def test_spark_submit__executor_killed__relay_delivers_each_id_once(
 async def test_spark_submit__append_mode_writes_every_event(
     standalone: Any, env: Env, start_relay: Any
 ) -> None:
+    """Over a minute in a loaded CI run (83 s; 31 s quiet): a spark-submit starts a driver and an
+    executor JVM on the standalone cluster."""
     await bind(env, "settlement.completed")
     start_relay()
 
