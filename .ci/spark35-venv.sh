@@ -13,7 +13,9 @@ venv35=.venv/spark-3.5
 # extra wants numpy below 2, and pyarrow 21 and later need numpy 2: both older here.
 spark35=("pyspark[sql]>=3.5.2,<3.6" "pyarrow<21")
 quiet() { "$@" 2>&1 | grep -v "is ignored" || true; }
-if [ ! -x "$venv35/bin/pytest" ]; then
+# Done once the project is installed in it: its `relay` command is there (the prefetch installs
+# everything else, pytest too).
+if [ ! -x "$venv35/bin/relay" ]; then
     if [ ! -x "$venv35/bin/python" ]; then
         echo "==> $venv35 (pyspark 3.5)"
         "${PYTHON:-python3}" -m venv "$venv35"
