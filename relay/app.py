@@ -14,7 +14,7 @@ import secrets
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import structlog
@@ -47,11 +47,14 @@ from relay.pg.store import Outbox
 from relay.pg.streams import StreamStore
 from relay.pg.wakeup import WakeupLockSession
 from relay.settings import OnDeadKey, PublisherKind, RelayMode, Settings
-from relay.streams.producer import StreamServer
-from relay.streams.worker import StreamConfig, StreamWorker
 from relay.supervise import Backoff, Stopping, Supervisor, Supervisors
 from relay.tracing import Tracing
 from relay.tracing import from_environment as tracing_from_environment
+
+if TYPE_CHECKING:
+    # The stream driver (and its client library, rstream: a tenth of a second of every
+    # relay's start-up) is imported only by a relay with streams on.
+    from relay.streams.worker import StreamConfig, StreamWorker
 
 log = structlog.get_logger("relay.app")
 
@@ -94,6 +97,9 @@ def database_config(settings: Settings) -> DatabaseConfig:
 def stream_config(settings: Settings) -> StreamConfig:
     """What the stream worker needs of the settings: the stream port on the broker's host, as
     the broker's user."""
+    from relay.streams.producer import StreamServer
+    from relay.streams.worker import StreamConfig
+
     parts = urlsplit(settings.amqp_url)
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     return StreamConfig(
@@ -106,6 +112,8 @@ def stream_config(settings: Settings) -> StreamConfig:
 
 def stream_worker(settings: Settings, db: DatabaseConfig) -> StreamWorker:
     """The stream worker of this relay process, named for the slots' leases."""
+    from relay.streams.worker import StreamWorker
+
     owner = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     return StreamWorker(stream_config(settings), lambda: StreamStore.open(db, owner))
 
