@@ -701,11 +701,39 @@ WHERE ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
   AND ($3::float8 IS NULL OR dead_at < now() - make_interval(secs => $3))
 
 -- name: dead_since
--- `relay dead watch`: dead letters after ($1 dead_at, $2 dead_id), oldest first, at most $3.
+-- `relay dead watch --since`, as it begins: dead letters after ($1 dead_at, $2 dead_id), oldest
+-- first, at most $3 (also those parked before dead_xact was recorded, sql/migrations/0028).
 SELECT dead_id, id::text AS id, dead_at, attempts, exchange, routing_key, ordering_key, reason
 FROM {dead}
 WHERE dead_at >= $1 AND (dead_at, dead_id) > ($1, $2)
 ORDER BY dead_at, dead_id
+LIMIT $3
+
+-- name: dead_watch_snapshot
+-- `relay dead watch` (relay/pg/deadwatch.py), first in its REPEATABLE READ look: the bounds of
+-- the snapshot the look reads, transaction ids as numbers: the first not yet given out, and
+-- those still running (every letter of any other transaction below xmax is in the snapshot).
+SELECT pg_snapshot_xmax(s)::text::bigint AS xmax,
+       ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) AS x) AS xip
+FROM pg_current_snapshot() AS s
+
+-- name: dead_of_transactions
+-- `relay dead watch`: the letters parked by the transactions $1 (ids as numbers; those that
+-- were running at the last look), in the order of their transactions.
+SELECT dead_id, dead_xact::text::bigint AS dead_xact, id::text AS id, dead_at, attempts,
+       exchange, routing_key, ordering_key, reason
+FROM {dead} AS d
+WHERE d.dead_xact = ANY (ARRAY(SELECT x::text::xid8 FROM unnest($1::bigint[]) AS x))
+ORDER BY d.dead_xact, d.dead_id
+
+-- name: dead_from_transaction
+-- `relay dead watch`: letters after ($1 transaction id as a number, $2 dead_id) in the order
+-- of their transactions, at most $3: those parked since the last look's snapshot.
+SELECT dead_id, dead_xact::text::bigint AS dead_xact, id::text AS id, dead_at, attempts,
+       exchange, routing_key, ordering_key, reason
+FROM {dead} AS d
+WHERE (d.dead_xact, d.dead_id) > ($1::bigint::text::xid8, $2::bigint)
+ORDER BY d.dead_xact, d.dead_id  -- the column (the output's dead_xact is a number), by its index
 LIMIT $3
 
 -- name: dead_show

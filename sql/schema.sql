@@ -748,7 +748,8 @@ CREATE TABLE public.queue_message_dead (
     reason text NOT NULL,
     dead_at timestamp with time zone DEFAULT now() NOT NULL,
     dead_id bigint NOT NULL,
-    repeat text
+    repeat text,
+    dead_xact xid8 DEFAULT pg_current_xact_id()
 );
 
 ALTER TABLE public.queue_message_dead ALTER COLUMN dead_id ADD GENERATED ALWAYS AS IDENTITY (
@@ -887,6 +888,8 @@ CREATE INDEX queue_message_dead_dead_at_idx ON public.queue_message_dead USING b
 CREATE INDEX queue_message_dead_id_idx ON public.queue_message_dead USING btree (id);
 
 CREATE INDEX queue_message_dead_key_idx ON public.queue_message_dead USING btree (ordering_key) WHERE (ordering_key IS NOT NULL);
+
+CREATE INDEX queue_message_dead_xact_idx ON public.queue_message_dead USING btree (dead_xact, dead_id);
 
 CREATE INDEX queue_message_fairness_key_idx ON public.queue_message USING btree (fairness_key, seq) WHERE ((ordering_key IS NULL) AND (fairness_key IS NOT NULL));
 

@@ -207,13 +207,13 @@ def watch_dead_letters(
     """Run `show(rows)` over the dead letters parked from `since` on, as they come; a lost
     database is said on stderr and waited for."""
     from relay.app import database_config
-    from relay.pg import deadletters
+    from relay.pg import deadwatch
 
     def outage(why: str) -> None:
         print(f"relay: the database is unavailable ({why}); trying again in "
-              f"{deadletters.WATCH_RETRY_S:.0f} s", file=sys.stderr, flush=True)
+              f"{deadwatch.WATCH_RETRY_S:.0f} s", file=sys.stderr, flush=True)
 
-    return _run_async(lambda: show(deadletters.watch_dead_letters(
+    return _run_async(lambda: show(deadwatch.watch_dead_letters(
         database_config(settings), since, on_outage=outage)))
 
 

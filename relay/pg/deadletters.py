@@ -10,12 +10,11 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
 
-from relay.errors import DatabaseError, DatabaseUnavailable, RelayError
+from relay.errors import DatabaseError, RelayError
 from relay.pg.config import DatabaseConfig
 from relay.pg.connection import DB_ERRORS, session
 from relay.pg.queries import Queries
@@ -261,74 +260,6 @@ async def open_dead_letters(db: DatabaseConfig) -> AsyncIterator[DeadLetters]:
     and retention commands)."""
     async with session(db, "cli") as conn:
         yield DeadLetters(conn, db.queries)
-
-
-# `relay dead watch`: a dead letter's dead_at is its settle's transaction start, and that
-# transaction commits within its bound (RELAY_PUBLISH_TIMEOUT_S and the idle margin, a few
-# minutes at most): each look goes back this far, and what it printed before is remembered.
-WATCH_LOOKBACK_S = 600.0
-WATCH_POLL_S = 5.0  # a look at least this often, whatever the channel says
-WATCH_RETRY_S = 5.0  # after the database went away
-WATCH_PAGE = 1000
-
-
-async def watch_dead_letters(db: DatabaseConfig, since: datetime | None, *,
-                             on_outage: Callable[[str], None] | None = None,
-                             poll_s: float = WATCH_POLL_S) -> AsyncIterator[dict[str, Any]]:
-    """Dead letters as they are parked, oldest first, each once: those parked at or after
-    `since`, or (without it) those that were not there when the watch began. Woken by the
-    dead-letter channel's notifications (query dead_letter) and looking every `poll_s`
-    besides; when the database goes away, `on_outage(why)`, and again after WATCH_RETRY_S
-    from where it was."""
-    lookback = timedelta(seconds=WATCH_LOOKBACK_S)
-    q = db.queries
-    lower: datetime | None = since  # nothing parked before this is shown
-    latest: datetime | None = since  # the newest dead_at shown so far
-    seen: dict[int, datetime] = {}  # dead_id -> dead_at of what was shown (or was there)
-    woken = asyncio.Event()
-    while True:
-        failure: BaseException | None = None
-        try:
-            async with session(db, "cli") as conn:
-                await conn.add_listener(q.names.dead_channel, lambda *_: woken.set())
-                if lower is None or latest is None:
-                    latest = await conn.fetchval("SELECT now()")
-                    lower = latest - lookback
-                    async for row in _dead_since(conn, q, lower):
-                        seen[row["dead_id"]] = row["dead_at"]  # there before: not news
-                while True:
-                    woken.clear()
-                    async for row in _dead_since(conn, q, max(lower, latest - lookback)):
-                        if row["dead_id"] in seen:
-                            continue
-                        seen[row["dead_id"]] = row["dead_at"]
-                        latest = max(latest, row["dead_at"])
-                        yield {k: v for k, v in row.items() if k != "dead_id"}
-                    for key in [k for k, at in seen.items() if at < latest - lookback]:
-                        del seen[key]
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(poll_s):
-                            await woken.wait()
-        except DatabaseUnavailable as exc:
-            failure = exc
-        except DB_ERRORS as exc:
-            failure = exc
-        if on_outage is not None:
-            on_outage(str(failure))
-        await asyncio.sleep(WATCH_RETRY_S)
-
-
-async def _dead_since(conn: asyncpg.Connection, q: Queries,
-                      floor: datetime) -> AsyncIterator[asyncpg.Record]:
-    """Every dead letter parked at or after `floor`, oldest first, a page at a time."""
-    after_at, after_id = floor, -1
-    while True:
-        rows = await conn.fetch(q["dead_since"], after_at, after_id, WATCH_PAGE)
-        for row in rows:
-            yield row
-        if len(rows) < WATCH_PAGE:
-            return
-        after_at, after_id = rows[-1]["dead_at"], rows[-1]["dead_id"]
 
 
 def _filter_of(args: dict[str, Any]) -> tuple[Filter, bool, bool]:
