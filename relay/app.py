@@ -294,7 +294,9 @@ async def _serve(settings: Settings, db: DatabaseConfig, supervisors: Supervisor
                     tracing=tracing, express=express[0] if express is not None else None)
     listener = services.start(make_listener(db, supervisors, doorbell.ring))
     if settings.on_success is OnSuccess.ARCHIVE:
-        services.start(PartitionKeeper(outbox.partitions_ahead))
+        services.start(PartitionKeeper(
+            outbox.partitions_ahead,
+            on_failures=metrics.archive_upkeep_failures.set if metrics is not None else None))
     if settings.streams:
         services.start(stream_worker(settings, db))
     log.info(

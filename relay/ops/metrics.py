@@ -198,6 +198,11 @@ class RelayMetrics:
         self.backlog_poll_errors = Counter(
             "relay_backlog_poll_errors", "Backlog polls that failed.", registry=r
         )
+        self.archive_upkeep_failures = Gauge(
+            "relay_archive_upkeep_failures",
+            "Failed tries in a row to make the partitioned archive's coming days (0 once one "
+            "succeeds; a try comes every minute while failing).", registry=r,
+        )
         self.connected = Gauge(
             "relay_connected", "1 while the connection to the server is up.", ["server"],
             registry=r,

@@ -38,14 +38,17 @@ async def partitions_ahead(conn: Any, q: Queries) -> int:
 
 class PartitionKeeper:
     """An archiving relay's service: partitions ahead now and every `every_s`; a failure (a
-    reader holding the archive, whose lock the CREATE waits for only 100 ms) is logged and
-    tried again after `retry_s` (the DEFAULT partition catches rows meanwhile)."""
+    reader holding the archive, whose lock the CREATE waits for only 100 ms) is logged, counted
+    in `on_failures` (failures in a row, 0 after a success) and tried again after `retry_s`
+    (the DEFAULT partition catches rows meanwhile)."""
 
     def __init__(self, make_ahead: Callable[[], Awaitable[int]],
-                 every_s: float = KEEP_EVERY_S, retry_s: float = RETRY_AFTER_S) -> None:
+                 every_s: float = KEEP_EVERY_S, retry_s: float = RETRY_AFTER_S, *,
+                 on_failures: Callable[[int], None] | None = None) -> None:
         self._make_ahead = make_ahead
         self._every_s = every_s
         self._retry_s = min(retry_s, every_s)
+        self._on_failures = on_failures  # failures in a row, after each try (a metric)
         self.failures = 0  # in a row
 
     async def run(self) -> None:
@@ -60,6 +63,8 @@ class PartitionKeeper:
                 self.failures += 1
                 log.warning("archive_partitions_failed", error=str(exc), failures=self.failures,
                             retry_s=self._retry_s)
+            if self._on_failures is not None:
+                self._on_failures(self.failures)
             await asyncio.sleep(self._retry_s if self.failures else self._every_s)
 
     async def close(self) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import subprocess
 import time
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -25,7 +26,9 @@ from tests.helpers import (
     pg_session,
     wait_until,
 )
+from tests.integration.test_http import http_get, samples
 from tests.kit.consumer import Consumer
+from tests.kit.ports import free_port
 from tests.kit.producer import insert_rows
 
 ARCHIVE = "queue_message_archive"
@@ -94,6 +97,42 @@ async def test_partitioned_archive__a_relay_archives_into_it_and_makes_missing_d
     assert archived == set(ids)
     await wait_until(lambda: _exists(env, missing), what="the relay making the missing partition")
     assert relay_proc.alive()
+
+
+async def test_partitioned_archive__a_relay_held_off_by_a_reader_says_so_in_a_metric_and_log(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """A reader holds the archive while an archiving relay starts with a coming day missing:
+    its CREATE waits at most 100 ms and yields; the relay goes on archiving (into the DEFAULT
+    partition), logs the failure and shows it in relay_archive_upkeep_failures."""
+    assert relay(env, "migrate", "--partition-archive").returncode == 0
+    missing = f"{ARCHIVE}_p{_day(7):%Y%m%d}"
+    await pg_execute(env.pg_dsn, f'DROP TABLE "{missing}"')
+    port = free_port()
+    async with pg_session(env.pg_dsn) as reader, reader.transaction():
+        await reader.fetchval(f"SELECT count(*) FROM {ARCHIVE}")  # held until the end
+        relay_proc = start_relay(on_success="archive", http_port=port)
+        await wait_until(lambda: "archive_partitions_failed" in relay_proc.log_text(),
+                         timeout_s=30, what="the relay's log line of a failed upkeep")
+
+        async def failures() -> float | None:
+            try:
+                _, text = await http_get(port, "/metrics")
+            except OSError:
+                return None
+            return samples(text).get(("relay_archive_upkeep_failures", ()))
+
+        await wait_until(lambda: _equals(failures(), 1.0), timeout_s=30,
+                         what="relay_archive_upkeep_failures 1 on /metrics")
+        await insert_rows(env.pg_dsn, env.exchange, env.routing_key, [{"n": i} for i in range(20)])
+        await consumer.wait_for(20)
+        await wait_until(lambda: _archived(env, 20), what="20 rows archived beside the reader")
+    assert not await _exists(env, missing), "made nothing while the reader held the archive"
+    assert relay_proc.alive()
+
+
+async def _equals(value: Awaitable[float | None], wanted: float) -> bool:
+    return await value == wanted
 
 
 async def _archived(env: Env, n: int) -> bool:
