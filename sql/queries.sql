@@ -165,9 +165,14 @@ SELECT pg_advisory_unlock({wakeup_lock_class}, {table_literal}::regclass::oid::i
 SELECT pg_try_advisory_lock({wakeup_lock_class} + 1, {table_literal}::regclass::oid::int)
 
 -- name: wakeup_role_wait
--- Waits until the sleeper's session ends (or the statement times out).
+-- Waits until the sleeper's session ends, at most $1 milliseconds (lock_timeout, set for this
+-- statement only: the FROM row is made before the lock call runs). A statement holds a snapshot
+-- while it waits: one waiting an hour kept VACUUM from removing what the relays deleted since,
+-- and every CREATE INDEX CONCURRENTLY in the database waiting for it; the waiter asks again
+-- after each slice (relay/pg/election.py).
 SELECT pg_advisory_lock({wakeup_lock_class} + 1, {table_literal}::regclass::oid::int)
        IS NOT NULL
+FROM (SELECT set_config('lock_timeout', $1::text, true)) AS slice
 
 -- name: wakeup_sleepers
 -- Relays asleep on this table right now (holding the wake-up lock), for tests and operators.

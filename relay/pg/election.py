@@ -12,6 +12,7 @@ neither keep the role nor keep producers from notifying.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -26,6 +27,10 @@ Role = Literal["sleeper", "waiter"]
 
 # A waiter renews its request for the role lock this often (a fresh session each time).
 ROLE_WAIT_S = 3600.0
+# And asks again on its session this often: a statement waiting for a lock holds a snapshot,
+# which keeps VACUUM from removing rows deleted after it began and makes every CREATE INDEX
+# CONCURRENTLY in the database wait for it to end.
+ROLE_SLICE_S = 10.0
 
 
 class SleeperElection:
@@ -39,11 +44,13 @@ class SleeperElection:
         on_elected: Callable[[], None],
         on_wait_ended: Callable[[], object],
         wait_s: float = ROLE_WAIT_S,
+        slice_s: float = ROLE_SLICE_S,
     ) -> None:
         self._q = queries
         self._on_elected = on_elected  # a waiter became the sleeper: sweep now
         self._on_wait_ended = on_wait_ended  # the request ended without the role: new session
         self._wait_s = wait_s
+        self._slice_s = slice_s
         self.role: Role | None = None
         self._waiting: asyncio.Future[Any] | None = None
 
@@ -60,10 +67,24 @@ class SleeperElection:
                 self.role = "sleeper"
             else:
                 self.role = "waiter"
-                self._waiting = asyncio.ensure_future(
-                    conn.fetchval(self._q["wakeup_role_wait"], timeout=self._wait_s))
+                self._waiting = asyncio.ensure_future(self._wait_for_role(conn))
                 self._waiting.add_done_callback(self._granted)
         return self.role == "sleeper"
+
+    async def _wait_for_role(self, conn: asyncpg.Connection) -> object:
+        """Queue for the role lock a slice at a time, on the same session, until it is granted
+        or `wait_s` has passed (then TimeoutError: a fresh session asks again)."""
+        deadline = time.monotonic() + self._wait_s
+        slice_ms = str(max(1, int(self._slice_s * 1000)))
+        while True:
+            try:
+                # The client's timeout only backs up the server's lock_timeout.
+                return await conn.fetchval(self._q["wakeup_role_wait"], slice_ms,
+                                           timeout=self._slice_s + 60.0)
+            except asyncpg.LockNotAvailableError as exc:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("the role lock stayed held: asking on a new session") \
+                        from exc
 
     def forget(self) -> bool:
         """The session is gone (or given up): no role, no queued request. Returns whether

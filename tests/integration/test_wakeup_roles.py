@@ -71,6 +71,33 @@ async def test_two_relays__one_sleeper_and_the_waiter_takes_over_when_it_is_kill
         assert waiter.alive()
 
 
+async def test_two_relays__the_waiter_holds_no_snapshot_for_long_so_an_index_builds_concurrently(
+    env: Env, start_relay
+) -> None:
+    """The waiter queues for the sleeper role a slice at a time (ROLE_SLICE_S, 10 s). A
+    statement waiting for a lock holds a snapshot: one that waited up to an hour kept VACUUM
+    from removing the rows the relays deleted since, and made every CREATE INDEX CONCURRENTLY in
+    the database (a migration's, the archive conversion's) wait for it to end."""
+    async with pg_session(env.pg_dsn) as conn:
+        await migrate(conn, NAMES, NotifyMode.CONDITIONAL)
+        start_relay()
+        start_relay()
+        await wait_until(lambda: _one_holder(env.pg_dsn), what="one relay holding the sleeper role")
+        await wait_until(lambda: _sleepers_are(env.pg_dsn, 1), what="the sleeper asleep")
+        started = time.monotonic()
+        await conn.execute("CREATE INDEX CONCURRENTLY queue_message_probe_idx "
+                           "ON queue_message (created_at)", timeout=120)
+        took = time.monotonic() - started
+        oldest = await pg_fetchval(
+            env.pg_dsn, "SELECT COALESCE(max(EXTRACT(EPOCH FROM now() - xact_start)), 0) "
+            "FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_xmin IS NOT NULL AND application_name LIKE 'outbox-relay %'")
+    print(f"CREATE INDEX CONCURRENTLY beside a sleeper and a waiter: {took:.1f} s; the oldest "
+          f"relay transaction holding a snapshot: {float(oldest):.1f} s")
+    # At most one slice of the waiter's (10 s) and the claims' short transactions; 6x headroom.
+    assert took < 60.0, f"the index build waited {took:.0f} s for the relays"
+
+
 async def _one_holder(dsn: str) -> bool:
     return len(await _holders(dsn)) == 1
 
