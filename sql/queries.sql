@@ -841,15 +841,56 @@ FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
 WHERE i.inhparent = {archive_literal}::regclass
 ORDER BY c.relname = {archive_name_literal} || '_default', c.relname
 
+-- name: archive_legacy_bound
+-- Where the legacy partition ends: the start of the day after tomorrow (UTC). The CHECK of
+-- archive_bound_add holds new rows to it from the conversion's first step on, so it leaves a
+-- day at least before an archiving relay could publish a row past it.
+SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '2 days'
+
+-- name: archive_bound_setting
+-- The bound for the conversion's statements, in the converting session only.
+SELECT set_config('relay.archive_bound', $1::timestamptz::text, false)
+
+-- name: archive_key_build
+-- The conversion's first step (relay/pg/archive_convert.py): the legacy partition's part of
+-- the new key, built beside the archive's traffic (archive INSERTs go on meanwhile).
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {archive_key_ready} ON {archive} (id, published_at)
+
+-- name: archive_bound_add
+-- Every row published before the bound, added NOT VALID (no scan; a moment of ACCESS
+-- EXCLUSIVE, under the caller's lock_timeout), replacing one an interrupted run left.
+DO $$
+BEGIN
+    EXECUTE format('ALTER TABLE %s DROP CONSTRAINT IF EXISTS %I, ADD CONSTRAINT %I CHECK '
+                   '(id IS NOT NULL AND published_at IS NOT NULL AND published_at < %L) '
+                   'NOT VALID', {archive_literal}, {archive_bound_literal},
+                   {archive_bound_literal}, current_setting('relay.archive_bound'));
+END $$
+
+-- name: archive_bound_validate
+-- The scan that ATTACH would make under ACCESS EXCLUSIVE, made under SHARE UPDATE EXCLUSIVE:
+-- reads and archive INSERTs go on.
+ALTER TABLE {archive} VALIDATE CONSTRAINT {archive_bound}
+
+-- name: archive_bound_drop
+ALTER TABLE {archive} DROP CONSTRAINT IF EXISTS {archive_bound}
+
+-- name: archive_bound_left
+-- A conversion's CHECK still on an archive that is not partitioned (the run was stopped).
+SELECT EXISTS (SELECT 1 FROM pg_constraint
+               WHERE conrelid = {archive_literal}::regclass AND conname = {archive_bound_literal})
+       AND (SELECT relkind FROM pg_class WHERE oid = {archive_literal}::regclass) <> 'p'
+
 -- name: archive_partition
--- `relay migrate --partition-archive` (docs/operations.md, "Retention"): the archive becomes
--- range-partitioned on published_at, one partition per UTC day. The archive as it was is kept,
--- rows, indexes and grants, as the first partition `<table>_archive_legacy`, for everything
--- published before tomorrow (UTC); retention drops it whole once its newest row is older than
--- the age given. A DEFAULT partition catches rows of a day without a partition. The key
--- becomes (id, published_at). Attaching reads the old archive once (to check its rows fit) and
--- indexes it on the key: the relay's archiving waits meanwhile (the rows stay in the outbox).
--- Does nothing on an archive that is already partitioned.
+-- `relay migrate --partition-archive` (docs/operations.md, "Retention"), its last step, in one
+-- transaction under ACCESS EXCLUSIVE: the archive becomes range-partitioned on published_at,
+-- one partition per UTC day. The archive as it was is kept, rows, indexes and grants, as the
+-- first partition `<table>_archive_legacy`, for everything published before the bound
+-- (archive_legacy_bound); retention drops it whole once its newest row is older than the age
+-- given. A DEFAULT partition catches rows of a day without a partition. The key becomes (id,
+-- published_at): the unique index built beforehand becomes the legacy partition's part of it,
+-- and ATTACH reads no row (the validated CHECK proves they fit). So the lock is held a moment,
+-- whatever the archive's size. Does nothing on an archive that is already partitioned.
 DO $$
 DECLARE
     rel regclass := {archive_literal}::regclass;
@@ -857,8 +898,7 @@ DECLARE
                  WHERE c.oid = {archive_literal}::regclass);
     parent text := {archive_name_literal};
     legacy text := {archive_name_literal} || '_legacy';
-    tomorrow timestamptz := date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
-                            + interval '1 day';
+    bound timestamptz := current_setting('relay.archive_bound')::timestamptz;
     g record;
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = rel) = 'p' THEN
@@ -871,10 +911,15 @@ BEGIN
                    nsp, parent, parent || '_key');
     EXECUTE format('CREATE INDEX %I ON %I.%I (published_at)', parent || '_published_idx', nsp,
                    parent);
-    -- The old key on id alone goes: the partition's part of the new key replaces it.
+    -- The old key on id alone goes: the key built beforehand replaces it (no scan: its
+    -- columns are NOT NULL).
     EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT %I', nsp, legacy, parent || '_pkey');
+    EXECUTE format('ALTER TABLE %I.%I ADD CONSTRAINT %I PRIMARY KEY USING INDEX %I',
+                   nsp, legacy, legacy || '_key', parent || '_key_ready');
     EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (MINVALUE) TO (%L)',
-                   nsp, parent, nsp, legacy, tomorrow);
+                   nsp, parent, nsp, legacy, bound);
+    -- The partition's bound says what the CHECK said.
+    EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT %I', nsp, legacy, parent || '_bound');
     EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.%I DEFAULT', nsp, parent || '_default',
                    nsp, parent);
     -- The grants the archive had (the relay's, the Spark writer's), table and columns; the

@@ -16,6 +16,8 @@ import structlog
 
 from relay.errors import DatabaseError
 from relay.pg.archive import partitions_ahead
+from relay.pg.archive_convert import drop_bound
+from relay.pg.archive_convert import partition_archive as partition_archive_by_day
 from relay.pg.connection import DB_ERRORS
 from relay.pg.queries import Queries, TableNames
 from relay.pg.schema import (
@@ -87,9 +89,10 @@ async def migrate(conn: asyncpg.Connection, names: TableNames,
                   notify: NotifyMode | None = None, *, lock_wait_s: float = 300.0,
                   partition_archive: bool = False) -> list[str]:
     """Apply pending migrations and install the trigger; return the versions applied. With
-    `partition_archive`, then partition the archive by day (query archive_partition: the old
-    archive kept as its first partition). A partitioned archive gets its partitions for the
-    coming days (relay/pg/archive.py) either way.
+    `partition_archive`, then partition the archive by day, in steps that hold its lock only a
+    moment (relay/pg/archive_convert.py: the old archive kept as its first partition). A
+    partitioned archive gets its partitions for the coming days (relay/pg/archive.py) either
+    way.
 
     `notify` None keeps the mode installed on the table (the default for a new table is
     conditional). The run holds an advisory lock for its session, so concurrent runs wait for
@@ -105,7 +108,12 @@ async def migrate(conn: asyncpg.Connection, names: TableNames,
     try:
         applied = await _migrate_retrying(conn, names, notify, deadline, lock_wait_s)
         if partition_archive:
-            await _partition_archive(conn, names, deadline, lock_wait_s)
+            await partition_archive_by_day(
+                conn, names, deadline=deadline, lock_wait_s=lock_wait_s,
+                lock_timeout_ms=LOCK_TIMEOUT_MS, retry_first_s=RETRY_FIRST_S,
+                retry_max_s=RETRY_MAX_S)
+        else:
+            await drop_bound(conn, names)  # what a conversion killed between its steps left
         await _partitions_ahead_retrying(conn, names, deadline)
         return applied
     finally:
@@ -136,31 +144,6 @@ async def _partitions_ahead_retrying(conn: asyncpg.Connection, names: TableNames
 
 
 PARTITIONS_RETRY_S = 0.5
-
-
-async def _partition_archive(conn: asyncpg.Connection, names: TableNames, deadline: float,
-                             lock_wait_s: float) -> None:
-    """Partition the archive, waiting at most LOCK_TIMEOUT_MS for its lock at each try (the
-    relay's archiving holds it a moment per batch), until `deadline`."""
-    q = Queries(names)
-    pause = RETRY_FIRST_S
-    while True:
-        try:
-            async with conn.transaction():
-                await conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-                await conn.execute(q["archive_partition"])
-            log.info("archive_partitioned", table=target_of(names))
-            return
-        except asyncpg.LockNotAvailableError as exc:
-            if time.monotonic() + pause > deadline:
-                raise DatabaseError(
-                    f"the archive was not partitioned: it stayed locked for {lock_wait_s:.0f} "
-                    "s; nothing was changed. Run `relay migrate --partition-archive` again "
-                    "later") from exc
-        except DB_ERRORS as exc:
-            raise DatabaseError(f"partitioning the archive failed: {exc!r}") from exc
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, RETRY_MAX_S)
 
 
 async def _take_migration_lock(conn: asyncpg.Connection, names: TableNames,

@@ -97,6 +97,11 @@ class TableNames:
             "archive_literal": quote_literal(self._q("_archive")),
             "archive_name_literal": quote_literal(self.name + "_archive"),
             "archive_default": self._q("_archive_default"),
+            # `relay migrate --partition-archive`'s steps (relay/pg/archive_convert.py): the
+            # key built beforehand and the CHECK that proves the rows fit the legacy partition.
+            "archive_key_ready": quote_ident(self.name + "_archive_key_ready"),
+            "archive_bound": quote_ident(self.name + "_archive_bound"),
+            "archive_bound_literal": quote_literal(self.name + "_archive_bound"),
             "archive_default_literal": quote_literal(self._q("_archive_default")),
             "repeat_valid_fn": self._q("_repeat_valid"),
             "repeat_problem_fn": self._q("_repeat_problem"),

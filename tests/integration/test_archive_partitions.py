@@ -74,8 +74,15 @@ async def test_partition_archive__keeps_every_row_and_makes_the_coming_days(env:
     parts = await _partitions(env.pg_dsn)
     assert parts.pop(f"{ARCHIVE}_legacy") == 30, "every archived row is kept"
     assert parts.pop(f"{ARCHIVE}_default") == 0
-    # Today is the legacy partition's (up to tomorrow, UTC); the next seven days have theirs.
-    assert sorted(parts) == [f"{ARCHIVE}_p{_day(d):%Y%m%d}" for d in range(1, 8)]
+    # Today and tomorrow are the legacy partition's (up to the day after tomorrow, UTC: the
+    # conversion's CHECK held new rows to that bound); the next days up to 7 ahead have theirs.
+    assert sorted(parts) == [f"{ARCHIVE}_p{_day(d):%Y%m%d}" for d in range(2, 8)]
+    bound = await pg_fetchval(env.pg_dsn, "SELECT pg_get_expr(relpartbound, oid) FROM pg_class "
+                              "WHERE relname = $1", f"{ARCHIVE}_legacy")
+    assert f"{_day(2):%Y-%m-%d}" in bound, bound
+    leftovers = await pg_fetchval(env.pg_dsn, "SELECT count(*) FROM pg_constraint WHERE "
+                                  "conrelid = $1::regclass AND contype = 'c'", f"{ARCHIVE}_legacy")
+    assert leftovers == 0, "the conversion's CHECK is gone once the partition bound says it"
     assert await count_rows(env.pg_dsn, ARCHIVE) == 30
     again = relay(env, "migrate", "--partition-archive")
     assert again.returncode == 0, again.stderr
@@ -150,8 +157,9 @@ async def test_prune__drops_whole_old_days_leaves_a_partly_old_one_and_trims_def
     # An archive partitioned for a while: days -10 .. -1 have partitions of their own (made
     # here by hand; the legacy partition is gone), day -20 has none (its rows are in DEFAULT).
     await pg_execute(env.pg_dsn, f'DROP TABLE "{ARCHIVE}_legacy"')
-    # Today's partition: the legacy one covered today; the function makes what is missing.
-    assert await pg_fetchval(env.pg_dsn, f"SELECT {ARCHIVE}_partitions(7)") == 1
+    # Today's and tomorrow's partitions: the legacy one covered them; the function makes what
+    # is missing.
+    assert await pg_fetchval(env.pg_dsn, f"SELECT {ARCHIVE}_partitions(7)") == 2
     for d in range(-10, 0):
         await pg_execute(env.pg_dsn, f'CREATE TABLE "{ARCHIVE}_p{_day(d):%Y%m%d}" PARTITION OF '
                          f"{ARCHIVE} FOR VALUES FROM ('{_day(d).isoformat()}') "
