@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 
@@ -35,6 +36,7 @@ EXPRESS_ROWS = 64
 # a pooled connection likely as dead as the one that failed (a silent cut: a command timeout
 # more), and the drain's end, which reports the outage, waits for the lane.
 FAILURE_PAUSE_S = 1.0
+_T = TypeVar("_T")
 
 BatchRunner = Callable[[ExpressStore, Publisher], Awaitable[int]]
 
@@ -67,11 +69,17 @@ class ExpressLane:
                     await _pause(done, FAILURE_PAUSE_S)
                     continue
                 try:
-                    newest = await self.store.newest_transaction()
+                    newest = await _unless_done(done, self.store.newest_transaction())
                 except DatabaseError as exc:
                     # The drain's own lanes report the outage (the database supervisor); the
                     # next drain starts the lane again.
                     log.info("express_lane_paused", error=str(exc))
+                    return
+                except _Done:
+                    # The drain ended during the look (its lanes failed: they report why); a
+                    # look claims nothing, so it is given up rather than waited for. On a
+                    # silent cut it could wait out the command timeout twice (its query, then
+                    # a new connection's check), and the outage was noticed only after it.
                     return
                 # Only what commits from now on: the drain's lanes take what is there
                 # already, and a bulk transaction's drained head is never walked here.
@@ -104,6 +112,26 @@ class ExpressLane:
         except DatabaseError as exc:
             log.info("express_lane_paused", error=str(exc))
             failed.set()
+
+
+class _Done(Exception):
+    """The drain ended while a look was under way."""
+
+
+async def _unless_done(done: asyncio.Event, look: Awaitable[_T]) -> _T:
+    """`look`'s result; _Done, the look cancelled, when `done` is set first."""
+    task = asyncio.ensure_future(look)
+    ended = asyncio.ensure_future(done.wait())
+    try:
+        await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ended.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, DatabaseError):
+        await task
+    raise _Done
 
 
 async def _pause(done: asyncio.Event, seconds: float) -> None:

@@ -140,6 +140,49 @@ async def test_express__a_database_failure_ends_the_lane__the_drain_reports_with
     assert asyncio.get_running_loop().time() - started < 3.0
 
 
+async def test_express__a_look_still_waiting_when_the_drains_lanes_failed_is_given_up() -> None:
+    """A silent cut while the express lane looks: its look waited out the command timeout, then
+    a new connection's check another one, and the drain (and the outage's notice) waited for
+    it: noticed after 70 s for a 35 s command timeout, in a CI run. The drain's lanes fail at
+    their command timeout; the look still under way is then cancelled (it claims nothing)."""
+    from contextlib import asynccontextmanager
+
+    from tests.unit.test_worker_wakeup import row
+
+    class CutAfterFirstClaim(FakeStore):
+        @asynccontextmanager
+        async def claim(self, limit, *, max_bytes=None):  # type: ignore[no-untyped-def,override]
+            if self.claims:
+                await asyncio.sleep(1.0)  # the command timeout
+                raise DatabaseError("claiming rows failed: TimeoutError()")
+            async with super().claim(limit, max_bytes=max_bytes) as batch:
+                yield batch
+
+    class SilentStore(_Store):
+        cancelled = False
+
+        async def newest_transaction(self) -> int | None:
+            self.looks += 1
+            if self.looks == 1:
+                return 0
+            try:
+                await asyncio.Event().wait()  # no answer, ever
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+            return None
+
+    look = SilentStore()
+    express = ExpressLane(look, FakePublisher(), poll_s=0.001)  # type: ignore[arg-type]
+    worker = Worker(CutAfterFirstClaim(rows=[row(1), row(2)]), FakePublisher(),
+                    WorkerConfig(batch_size=2, concurrency=2), express=express)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(DatabaseError):
+        await asyncio.wait_for(worker.drain(), timeout=10)
+    assert asyncio.get_running_loop().time() - started < 3.0
+    assert look.cancelled, "the look under way was cancelled"
+
+
 class _SlowPublisher(FakePublisher):
     """Each publish takes 10 ms: a drain long enough for the express lane to look."""
 
