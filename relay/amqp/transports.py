@@ -24,7 +24,8 @@ from pamqp import commands as spec
 
 from relay.amqp import compat
 from relay.amqp.encoder import amqp_properties, publish_method, returned_row_id
-from relay.amqp.frames import HEARD, Confirm, ConfirmTracker, FrameEncoder, TagRange
+from relay.amqp.frames import CHUNK_BYTES, HEARD, Confirm, ConfirmTracker, FrameEncoder, TagRange
+from relay.amqp.pacing import LinkMeter
 from relay.interfaces import Message
 
 log = structlog.get_logger("relay.amqp.transports")
@@ -226,6 +227,24 @@ class _PartlyWritten(Exception):
     """The writer stopped taking pieces inside a message split over several of them."""
 
 
+async def _paced(meter: LinkMeter, size: int, deadline: float, *, first: bool) -> bool:
+    """Wait until `size` more bytes in flight can be confirmed by the deadline; False when
+    they cannot be (the pass writes nothing more). A pass's first piece goes once nothing is
+    in flight, so a link slower than one piece per budget still moves; so does every piece
+    before the link is measured."""
+    loop = asyncio.get_running_loop()
+    while (left := deadline - loop.time()) > 0:
+        in_flight = meter.in_flight
+        if in_flight == 0 and (first or meter.rate is None):
+            return True
+        if in_flight + size <= meter.allowance(left):
+            return True
+        if in_flight == 0:
+            return False  # not even on an idle link
+        await meter.wait_heard(left)
+    return False
+
+
 def _exception(task: asyncio.Future[Any]) -> BaseException | None:
     return None if task.cancelled() else task.exception()
 
@@ -259,6 +278,8 @@ class Bulk:
 
     def __init__(self) -> None:
         self._confirm: _ConfirmChannel | None = None
+        # Kept across channels: the link's rate outlives a channel (relay/amqp/pacing.py).
+        self.meter = LinkMeter()
 
     @property
     def usable(self) -> bool:
@@ -275,10 +296,13 @@ class Bulk:
         """Open a confirm channel whose confirms and returns go to the tag tracker."""
         _, raw, returns = await _confirm_channel(connection)
         tracker = ConfirmTracker()
+        meter = self.meter
+        meter.new_channel()
 
         def on_confirm(frame: spec.Basic.Ack | spec.Basic.Nack) -> None:
             code = Confirm.ACKED if isinstance(frame, spec.Basic.Ack) else Confirm.NACKED
             tracker.heard_at = asyncio.get_running_loop().time()
+            meter.heard(frame.delivery_tag, tracker.heard_at)
             tracker.on_confirm(frame.delivery_tag, bool(frame.multiple), code)
 
         compat.hook_confirms(raw, on_confirm)
@@ -310,7 +334,7 @@ class Bulk:
                 return Sent([Confirm.LOST] * len(messages))
             tags = channel.tracker.add([m.id for m in messages], finished)
             try:
-                drain, written = await self._write(channel, messages, deadline)
+                drain, written = await self._write(channel, messages, tags.first, deadline)
             except BaseException as exc:
                 if isinstance(exc, _PartlyWritten):
                     # The deadline came inside a message larger than a write: a message cut
@@ -347,18 +371,22 @@ class Bulk:
         sent.others_heard = channel.tracker.heard_at > heard_before
         return sent
 
-    @staticmethod
-    async def _write(channel: _ConfirmChannel, messages: Sequence[Message],
-                     deadline: float) -> tuple[asyncio.Future[None], int]:
+    async def _write(self, channel: _ConfirmChannel, messages: Sequence[Message],
+                     first_tag: int, deadline: float) -> tuple[asyncio.Future[None], int]:
         """Hand the batch to the connection's writer piece by piece, each piece drained to
-        the socket before the next is encoded, until the deadline; return the last piece's
-        drain future and how many messages were handed over whole (a slow link: the rest
-        waits for a later batch). TimeoutError: not even the first piece was taken;
-        _PartlyWritten: the deadline came inside a message split over several pieces."""
+        the socket before the next is encoded, and, between messages, only while the broker
+        can confirm it by the deadline (relay/amqp/pacing.py); return the last piece's drain
+        future and how many messages were handed over whole (a slow link: the rest waits for
+        a later batch). TimeoutError: not even the first piece was taken; _PartlyWritten: the
+        deadline came inside a message split over several pieces."""
         loop = asyncio.get_running_loop()
+        meter = self.meter
         drain: asyncio.Future[None] | None = None
         written, whole = 0, True
-        for chunk in channel.encoder.encode_chunks(messages):
+        for chunk in channel.encoder.encode_chunks(messages, meter.piece_bytes(CHUNK_BYTES)):
+            if whole and not await _paced(meter, len(chunk.payload), deadline,
+                                          first=drain is None):
+                return drain or loop.create_future(), written
             try:
                 if drain is not None:
                     await asyncio.wait_for(asyncio.shield(drain),
@@ -376,6 +404,8 @@ class Bulk:
                 if not whole:
                     raise _PartlyWritten from None
                 return drain, written
+            meter.wrote(first_tag + written + max(chunk.ended, 1) - 1, len(chunk.payload),
+                        loop.time())
             drain, written, whole = taken, written + chunk.ended, chunk.whole
         assert drain is not None
         return drain, written

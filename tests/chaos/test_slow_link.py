@@ -94,3 +94,39 @@ async def test_slow_link__the_defaults_drain_at_the_link_speed_duplicating_only_
         assert relay.alive()
     finally:
         await link.close()
+
+
+@pytest.mark.timeout(300)
+async def test_slow_link__1_mb_s_and_10_kb_rows_duplicate_little_and_batches_converge(
+    env: Env, consumer: Consumer, start_relay
+) -> None:
+    """Through a 1 MB/s link, 600 rows of 10 KB with a 2 s publish budget and one lane came
+    with 1,675 duplicate receipts: a batch wrote all it held into the socket's buffers at once,
+    missed its deadline, and the next batch sent the same rows again behind the first copies,
+    missing again. Now a pass writes only what the broker can confirm by its deadline (the rest
+    is not sent), and after a miss the lane claims half of what the link carried."""
+    parts = urlsplit(env.amqp_url)
+    link = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672,
+                          up_bytes_per_s=1_000_000).start()
+    ids = await insert_rows(env.pg_dsn, env.exchange, env.routing_key,
+                            [{"pad": "p" * 10_000}] * 600)
+    try:
+        relay = start_relay(amqp_url=via_proxy(env.amqp_url, link.port), publish_timeout_s=2,
+                            concurrency=1)
+        # 6 MB at 1 MB/s: 6 s at the link's speed; a guard against a relay that never
+        # deletes, not a speed.
+        await wait_until(lambda: _settled(env), timeout_s=180,
+                         what="the outbox drained over a 1 MB/s link")
+        await consumer.wait_for(len(ids), timeout_s=30)
+        assert set(consumer.ids) == set(ids)
+        assert await count_rows(env.pg_dsn, "queue_message_dead") == 0
+        missed = [e for e in relay.log_events()
+                  if e.get("event") == "rows_untouched" and e.get("reason") == "deadline"]
+        dupes = consumer.duplicates()
+        print(f"\n[chaos] 1 MB/s link, 10 KB rows, 2 s budget: {dupes} duplicate receipts, "
+              f"{len(missed)} batches missed their deadline "
+              f"({sum(e.get('count', 0) for e in missed)} rows left for later)")
+        assert dupes <= 150, f"{dupes} duplicates for {len(ids)} rows"
+        assert relay.alive()
+    finally:
+        await link.close()
