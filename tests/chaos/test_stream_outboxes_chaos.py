@@ -15,12 +15,14 @@ import secrets
 import signal
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from tests.chaos.harness import Relays, relays
-from tests.helpers import Env, count_rows, pg_execute
+from tests.helpers import Env, count_rows, pg_execute, pg_fetch
 from tests.kit.stream import a_stream, insert_stream_rows, read_stream
 
 pytestmark = pytest.mark.chaos
@@ -38,6 +40,7 @@ MAX_KILLS = 15
 # rows in a couple of seconds) gets REFILL rows more in each database, and the kills go on.
 MIN_KILLS = 3
 REFILL = 2_000
+T = TypeVar("T")
 
 
 async def _drain_while_killing(groups: list[Relays], dsns: list[str], rng: random.Random,
@@ -49,18 +52,23 @@ async def _drain_while_killing(groups: list[Relays], dsns: list[str], rng: rando
     kills = 0
     started = time.monotonic()
     next_kill = started + 1.0
+    slow: list[str] = []  # the test's own steps that took long: said if the deadline passes
     while True:
-        left = [await count_rows(dsn, "queue_message_stream") for dsn in dsns]
+        left = [await _timed(slow, f"count {i}", count_rows(dsn, "queue_message_stream"))
+                for i, dsn in enumerate(dsns)]
         if not any(left):
             if kills >= MIN_KILLS:
                 break
-            for dsn in dsns:
-                ids += await insert_stream_rows(dsn, stream, REFILL)
+            for i, dsn in enumerate(dsns):
+                ids += await _timed(slow, f"refill {i}", insert_stream_rows(dsn, stream, REFILL))
             next_kill = time.monotonic() + 0.3
             continue
         now = time.monotonic()
-        assert now - started < DEADLINE_S, (
-            f"{what}: after {DEADLINE_S:.0f} s, rows still in the stream tables: {left}")
+        if now - started >= DEADLINE_S:
+            raise AssertionError(
+                f"{what}: after {DEADLINE_S:.0f} s, rows still in the stream tables: {left}; "
+                f"{kills} kills; slow steps of the test: {slow or 'none'}; the databases' "
+                f"busy sessions: {await _busy(dsns)}")
         if now >= next_kill and kills < MAX_KILLS:
             victim = kills % len(procs)
             os.kill(procs[victim].pid, signal.SIGKILL)
@@ -72,6 +80,27 @@ async def _drain_while_killing(groups: list[Relays], dsns: list[str], rng: rando
     for proc in procs:
         proc.kill()
     return kills
+
+
+async def _timed(slow: list[str], what: str, step: Awaitable[T]) -> T:
+    """`step`'s result; noted in `slow` when it took over 5 s."""
+    began = time.monotonic()
+    try:
+        return await step
+    finally:
+        if (took := time.monotonic() - began) > 5.0:
+            slow.append(f"{what} {took:.1f} s")
+
+
+async def _busy(dsns: list[str]) -> list[str]:
+    """The sessions of these databases that are not idle: what they wait for and run."""
+    names = [dsn.rsplit("/", 1)[1] for dsn in dsns]
+    rows = await pg_fetch(dsns[0], "SELECT datname, pid, state, wait_event_type, wait_event, "
+                          "round(extract(epoch FROM now() - xact_start)) AS xact_s, "
+                          "left(query, 80) AS query FROM pg_stat_activity "
+                          "WHERE datname = ANY($1) AND state <> 'idle' "
+                          "AND pid <> pg_backend_pid()", names)
+    return [str(dict(r)) for r in rows]
 
 
 @pytest.mark.timing
