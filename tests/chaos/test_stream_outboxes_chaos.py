@@ -56,20 +56,21 @@ async def _drain_while_killing(groups: list[Relays], dsns: list[str], rng: rando
     while True:
         left = [await _timed(slow, f"count {i}", count_rows(dsn, "queue_message_stream"))
                 for i, dsn in enumerate(dsns)]
-        if not any(left):
-            if kills >= MIN_KILLS:
-                break
-            for i, dsn in enumerate(dsns):
-                ids += await _timed(slow, f"refill {i}", insert_stream_rows(dsn, stream, REFILL))
-            next_kill = time.monotonic() + 0.3
-            continue
+        drained = not any(left)
+        if drained and kills >= MIN_KILLS:
+            break
         now = time.monotonic()
         if now - started >= DEADLINE_S:
             raise AssertionError(
                 f"{what}: after {DEADLINE_S:.0f} s, rows still in the stream tables: {left}; "
                 f"{kills} kills; slow steps of the test: {slow or 'none'}; the databases' "
                 f"busy sessions: {await _busy(dsns)}")
-        if now >= next_kill and kills < MAX_KILLS:
+        if drained:
+            # Rows flow again, and a relay is killed at once: waiting for the next kill's time
+            # let a fast machine drain each refill before it, and refill again for ever.
+            for i, dsn in enumerate(dsns):
+                ids += await _timed(slow, f"refill {i}", insert_stream_rows(dsn, stream, REFILL))
+        if (drained or now >= next_kill) and kills < MAX_KILLS:
             victim = kills % len(procs)
             os.kill(procs[victim].pid, signal.SIGKILL)
             procs[victim].kill()  # reap it
