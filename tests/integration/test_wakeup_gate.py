@@ -17,7 +17,12 @@ from tests.helpers import pg_fetchval, pg_session, wait_until
 from tests.kit.producer import insert_rows
 
 Q = Queries(TableNames(None, "queue_message", "queue_message_notify"))
-WAITING_PID = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+# This database's queued advisory lock request: pg_locks shows every database's, and in a
+# suite run another test's relay queues for its own (the sleeper election waits in slices),
+# whose session this test then ended instead of the gate's (a CI run: "timed out after 10s
+# waiting for the gate to see its session end").
+WAITING_PID = ("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+               "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
 
 
 async def test_gate_session_lost_while_queued__the_next_session_is_kept(db: str) -> None:
