@@ -101,6 +101,10 @@ class LinkMeter:
             if self._heard is heard:
                 self._heard = None
 
+    def wake(self) -> None:
+        """End a wait_heard() now (the channel closed: nothing more will be confirmed)."""
+        self._wake()
+
     def _wake(self) -> None:
         if self._heard is not None:
             self._heard.set()

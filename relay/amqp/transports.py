@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -227,13 +227,16 @@ class _PartlyWritten(Exception):
     """The writer stopped taking pieces inside a message split over several of them."""
 
 
-async def _paced(meter: LinkMeter, size: int, deadline: float, *, first: bool) -> bool:
+async def _paced(meter: LinkMeter, size: int, deadline: float, *, first: bool,
+                 closed: Callable[[], bool] = lambda: False) -> bool:
     """Wait until `size` more bytes in flight can be confirmed by the deadline; False when
     they cannot be (the pass writes nothing more). A pass's first piece goes once nothing is
     in flight, so a link slower than one piece per budget still moves; so does every piece
     before the link is measured."""
     loop = asyncio.get_running_loop()
     while (left := deadline - loop.time()) > 0:
+        if closed():
+            return False  # the channel (or its connection) is gone: nothing more is written
         in_flight = meter.in_flight
         if in_flight == 0 and (first or meter.rate is None):
             return True
@@ -306,7 +309,11 @@ class Bulk:
             tracker.on_confirm(frame.delivery_tag, bool(frame.multiple), code)
 
         compat.hook_confirms(raw, on_confirm)
-        compat.on_close(raw, lambda _: tracker.abandon_all())
+        def on_close(_: BaseException | None) -> None:
+            tracker.abandon_all()
+            meter.wake()  # a pass waiting to write more stops now, not at its deadline
+
+        compat.on_close(raw, on_close)
         encoder = FrameEncoder(raw.number, compat.frame_max(raw), amqp_properties, publish_method)
         self._confirm = _ConfirmChannel(raw, tracker, encoder, asyncio.Lock(), _Closing(raw),
                                         returns)
@@ -385,7 +392,7 @@ class Bulk:
         written, whole = 0, True
         for chunk in channel.encoder.encode_chunks(messages, meter.piece_bytes(CHUNK_BYTES)):
             if whole and not await _paced(meter, len(chunk.payload), deadline,
-                                          first=drain is None):
+                                          first=drain is None, closed=lambda: channel.closed):
                 return drain or loop.create_future(), written
             try:
                 if drain is not None:

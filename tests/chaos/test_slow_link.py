@@ -89,7 +89,9 @@ async def test_slow_link__the_defaults_drain_at_the_link_speed_duplicating_only_
               f"{consumer.duplicates()} duplicate receipts, {missed} rows of batches that "
               f"missed their deadline, {len(dropped)} broker connections dropped")
         assert consumer.duplicates() <= not_published.total(), dict(not_published)
-        assert missed > 0, "the link was not slow enough to miss a deadline"
+        # The premise: the link was slow (24 MB at 1 MB/s). A deadline need not be missed: the
+        # transport writes only what can be confirmed in time.
+        assert took >= 20, f"drained in {took:.0f} s: the link was not slow"
         assert not dropped, "a slow link is not a silent broker: the connection was dropped"
         assert relay.alive()
     finally:

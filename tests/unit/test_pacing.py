@@ -65,3 +65,24 @@ async def test_paced__writes_what_can_be_confirmed_in_time_and_stops_before_what
     # No confirm comes and the deadline passes: nothing more is written.
     meter.wrote(2, 300_000, loop.time())
     assert not await _paced(meter, 200_000, loop.time() + 0.2, first=False)
+
+
+async def test_paced__a_closed_channel_ends_the_wait_at_once_not_at_the_deadline() -> None:
+    """A pass waiting for confirms before its next piece held its claim until the batch's
+    deadline when the broker connection dropped (a CI run: a claim while the broker is away)."""
+    loop = asyncio.get_running_loop()
+    meter = LinkMeter()
+    meter.rate = 1_000_000.0
+    meter.wrote(1, 900_000, loop.time())
+    closed = False
+
+    def close() -> None:
+        nonlocal closed
+        closed = True
+        meter.wake()
+
+    loop.call_later(0.05, close)
+    started = loop.time()
+    assert not await _paced(meter, 900_000, loop.time() + 1.5, first=False,
+                            closed=lambda: closed)
+    assert loop.time() - started < 0.5
