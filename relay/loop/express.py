@@ -105,9 +105,12 @@ class ExpressLane:
     async def _burst(self, done: asyncio.Event, run_batch: BatchRunner,
                      failed: asyncio.Event) -> None:
         """Claim and publish until a claim brings at most one transaction's row (a burst of
-        commits may be more than one claim)."""
+        commits may be more than one claim), or the broker is gone: a batch whose publisher
+        lost its connection leaves its rows untouched at once, and a burst that went on would
+        claim them again and again while the broker is away."""
         try:
-            while not done.is_set() and await run_batch(self.store, self.publisher) > 1:
+            while (not done.is_set() and self.publisher.ready
+                   and await run_batch(self.store, self.publisher) > 1):
                 pass
         except DatabaseError as exc:
             log.info("express_lane_paused", error=str(exc))

@@ -141,6 +141,8 @@ async def add_dead_letters(dsn: str, n: int, *, exchange: str = "x", reason: str
 async def _produce(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    # SIGTERM is handled from here on (an empty file, once: no need for a thread).
+    Path(args.ids_file + READY).touch()  # noqa: ASYNC240
     conn = await asyncpg.connect(args.dsn)
     try:
         start, sent = time.monotonic(), 0
@@ -178,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(_produce(parser.parse_args(argv)))
 
 
+READY = ".ready"  # beside the ids file: the producer handles SIGTERM
+
+
 class ProducerProcess:
     """The producer as a child process of the test; `stop()` returns the ids it committed."""
 
@@ -188,10 +193,21 @@ class ProducerProcess:
                       str(ids_file), "--rate", str(rate), "--chunk", str(chunk)]
         self._proc: asyncio.subprocess.Process | None = None
 
-    async def start(self) -> ProducerProcess:
-        """Start producing."""
+    async def start(self, timeout_s: float = 60.0) -> ProducerProcess:
+        """Start producing; return once the producer handles SIGTERM. A stop() before that
+        (a loaded machine starts Python slowly, and a short fault ends soon) killed it with the
+        signal's default action (exit -15) and lost the ids it had written."""
         self.ids_file.touch()
+        ready = Path(str(self.ids_file) + READY)
+        ready.unlink(missing_ok=True)  # noqa: ASYNC240 - a small file, once
         self._proc = await asyncio.create_subprocess_exec(*self._argv, cwd=REPO)
+        deadline = time.monotonic() + timeout_s
+        while not ready.exists():  # noqa: ASYNC240 - a stat every 20 ms
+            if self._proc.returncode is not None:
+                raise RuntimeError(f"the producer exited at start (exit {self._proc.returncode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the producer did not handle SIGTERM after {timeout_s:g} s")
+            await asyncio.sleep(0.02)
         return self
 
     def produced(self) -> int:

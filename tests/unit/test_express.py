@@ -41,7 +41,8 @@ class _Store:
 
 
 class _Publisher:
-    ready = True
+    def __init__(self) -> None:
+        self.ready = True
 
 
 class _Runner:
@@ -79,6 +80,31 @@ async def test_express__claims_only_when_a_newer_transaction_appears_and_drains_
     store.newest, runner.pending = 12, 1
     await wait_until(lambda: runner.batches == 4, timeout_s=5, what="the next claim")
     assert store.after == 10
+    done.set()
+    await asyncio.wait_for(task, timeout=5)
+
+
+async def test_express__a_burst_stops_claiming_when_the_broker_is_lost() -> None:
+    """A batch whose broker connection drops leaves its rows untouched and returns them as
+    claimed: the burst went on claiming the same rows while the broker was away (the
+    network-cut chaos test saw row locks then)."""
+    store, runner, publisher = _Store(), _Runner(), _Publisher()
+    lane = ExpressLane(store, publisher, poll_s=0.001)  # type: ignore[arg-type]
+
+    async def broker_lost_in_batch(s: ExpressStore, p: Publisher) -> int:
+        publisher.ready = False  # the connection dropped while this batch published
+        runner.batches += 1
+        await asyncio.sleep(0.001)
+        return 2  # its rows claimed (and left untouched)
+
+    store.newest = 10
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, broker_lost_in_batch))
+    await wait_until(lambda: store.looks > 5, timeout_s=5, what="looks")
+    store.newest = 11
+    await wait_until(lambda: runner.batches >= 1, timeout_s=5, what="the claim")
+    await asyncio.sleep(0.05)  # time for more claims, if the burst went on
+    assert runner.batches == 1, "claimed again while the broker was away"
     done.set()
     await asyncio.wait_for(task, timeout=5)
 
