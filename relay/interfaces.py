@@ -248,8 +248,9 @@ class ExpressStore(Store, Protocol):
 
     after: int | None
 
-    async def newest_transaction(self) -> int | None:
-        """The newest transaction that has unkeyed rows in the outbox (None: none)."""
+    async def newest_transaction(self, newer_than: int = 0) -> int | None:
+        """The newest transaction newer than `newer_than` that has unkeyed rows in the outbox
+        (None: none)."""
 
 
 class Publisher(Protocol):

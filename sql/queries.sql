@@ -377,13 +377,15 @@ FROM (SELECT c.*,
 WHERE w.before < $2
 
 -- name: newest_transaction
--- The express lane's look between claims: the newest transaction that has unkeyed rows (one
--- entry of the (xact, seq) index, from its end), as text: a new one means rows to claim. A
--- plain statement: it runs every few milliseconds while a backlog drains, and a function with
+-- The express lane's look between claims: the newest transaction newer than $1 (the newest
+-- the lane saw before) that has unkeyed rows, as text (NULL: none): a new one means rows to
+-- claim. $1 bounds the scan of the (xact, seq) index from its end: the entries of rows the
+-- lane already claimed and deleted stay in the index while a transaction elsewhere pins the
+-- xmin horizon, and without the bound each look walked all of them. A plain statement: it runs every few milliseconds while a backlog drains, and a function with
 -- a plan of its own cost the server 2-3x its CPU (96 us a look here). Its plan is made during
 -- a drain, and an ANALYZE at the backlog's start (relay/pg/tablestats.py) makes it again if
 -- the statistics said the table was empty.
-SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL
+SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL AND xact > $1::text::xid8
 
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed

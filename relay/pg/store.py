@@ -400,9 +400,11 @@ class Outbox:
         """This outbox as the express lane claims it (relay/loop/express.py)."""
         return ExpressOutbox(self)
 
-    async def newest_transaction(self) -> int | None:
-        """The newest transaction that has unkeyed rows in the outbox (None: none)."""
-        value = await self._read_one("reading the newest transaction", "newest_transaction")
+    async def newest_transaction(self, newer_than: int = 0) -> int | None:
+        """The newest transaction newer than `newer_than` that has unkeyed rows in the outbox
+        (None: none)."""
+        value = await self._read_one("reading the newest transaction", "newest_transaction",
+                                     str(newer_than))
         return None if value is None else int(value)
 
     @asynccontextmanager
@@ -419,11 +421,11 @@ class Outbox:
         finally:
             await self._release(conn)
 
-    async def _read_one(self, doing: str, query: str) -> Any:
+    async def _read_one(self, doing: str, query: str, *args: Any) -> Any:
         """One value a query reads on a pooled connection (_taken)."""
         async with self._taken() as conn:
             with translated(doing, conn):
-                return await conn.fetchval(self.q[query])
+                return await conn.fetchval(self.q[query], *args)
 
     @asynccontextmanager
     async def claim(self, limit: int, *, express: bool = False, after: int | None = None,
@@ -569,6 +571,6 @@ class ExpressOutbox:
         """As the outbox's."""
         return await self._outbox.seconds_until_next_due()
 
-    async def newest_transaction(self) -> int | None:
+    async def newest_transaction(self, newer_than: int = 0) -> int | None:
         """As the outbox's."""
-        return await self._outbox.newest_transaction()
+        return await self._outbox.newest_transaction(newer_than)

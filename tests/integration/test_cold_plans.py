@@ -200,7 +200,7 @@ async def test_cold_plans__statistics_that_count_no_rows_are_refreshed_when_a_ba
         assert cold >= BULK, f"the test's premise: a claim read only {cold} rows"
         # The express lane's look, planned now: its plan is made again after the refresh.
         newest = config.queries["newest_transaction"]
-        await _rows_read(relay, "queue_message", newest)
+        await _rows_read(relay, "queue_message", newest, "0")
         async with outbox.claim(LIMIT) as batch:  # the first full claim, with the plans as
             assert len(batch.rows) == LIMIT        # they are, has the table analyzed after it
             assert outbox.statistics.refreshed == 0
@@ -210,7 +210,7 @@ async def test_cold_plans__statistics_that_count_no_rows_are_refreshed_when_a_ba
         warm = await _rows_read(relay, "queue_message", *_claim(config))
         print(f"\n[cold plans] rows a claim read: {cold:,} before the refresh, {warm:,} after")
         assert warm <= READ_BOUND
-        assert await _rows_read(relay, "queue_message", newest) <= READ_BOUND
+        assert await _rows_read(relay, "queue_message", newest, "0") <= READ_BOUND
         # A trickle of short claims, then full ones again: no second ANALYZE (the statistics
         # count the rows now).
         async with outbox.claim(LIMIT) as batch:

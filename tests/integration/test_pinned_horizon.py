@@ -114,3 +114,51 @@ async def test_with_the_horizon_pinned__rows_below_the_floor_are_found_by_the_sw
     assert consumer.duplicates() == 0
     assert await count_rows(env.pg_dsn) == 0
     assert relay.alive()
+
+
+LIVE = 3_000
+
+
+async def _index_entries(conn: asyncpg.Connection, sql: str, *args: Any) -> tuple[int, Any]:
+    """Index entries of the outbox one run of `sql` read, and its first value (rolled back)."""
+    count = ("SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index "
+             "WHERE indrelid = 'queue_message'::regclass")
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        before = await conn.fetchval(count)
+        value = await conn.fetchval(sql, *args)
+        return int(await conn.fetchval(count)) - int(before), value
+    finally:
+        await tx.rollback()
+
+
+async def test_with_the_horizon_pinned__the_express_lanes_look_reads_only_what_is_newer(
+    env: Env, pinned: asyncpg.Connection
+) -> None:
+    """The express lane looks at the newest transaction every few milliseconds while a
+    backlog drains. The live rows it claimed are deleted, but their index entries stay while
+    the horizon is pinned, at the (xact, seq) index's end: a look without a bound walked every
+    one of them. Bounded by the newest transaction the lane saw, it reads only newer ones."""
+    await insert_rows(env.pg_dsn, env.exchange, env.routing_key, ({"bulk": i} for i in range(500)))
+    async with pg_session(env.pg_dsn) as conn:
+        for i in range(LIVE):  # one-row transactions, claimed and deleted as they came
+            await insert_rows(conn, env.exchange, env.routing_key, [{"live": i}])
+        seen = await conn.fetchval("SELECT max(xact)::text FROM queue_message")
+        await conn.execute("DELETE FROM queue_message WHERE xact > (SELECT min(xact) FROM "
+                           "queue_message)")
+        await conn.execute("ANALYZE queue_message")
+        look = Queries(NAMES)["newest_transaction"]
+        unbounded, newest = await _index_entries(conn, look, "0")
+        bounded, none = await _index_entries(conn, look, seen)
+        await insert_rows(conn, env.exchange, env.routing_key, [{"live": "new"}])
+        bounded_new, found = await _index_entries(conn, look, seen)
+    print(f"\n[pinned] index entries a look read: {unbounded:,} from the end, {bounded} above "
+          f"the last transaction seen ({bounded_new} with one new row)")
+    assert unbounded >= LIVE, "the test's premise: the deleted rows' entries are walked"
+    assert newest is not None
+    assert none is None
+    assert found is not None
+    assert int(found) > int(seen)
+    assert bounded <= 5
+    assert bounded_new <= 5

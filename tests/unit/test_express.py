@@ -26,12 +26,14 @@ class _Store:
         self.after: int | None = None
         self.looks = 0
         self.fail = False
+        self.asked: list[int] = []
 
-    async def newest_transaction(self) -> int | None:
+    async def newest_transaction(self, newer_than: int = 0) -> int | None:
         self.looks += 1
+        self.asked.append(newer_than)
         if self.fail:
             raise DatabaseError("gone")
-        return self.newest
+        return self.newest if self.newest is not None and self.newest > newer_than else None
 
     def claim(self, limit: int, *, max_bytes: int | None = None):  # type: ignore[no-untyped-def]  # never called: see _Runner
         raise AssertionError
@@ -109,6 +111,37 @@ async def test_express__a_burst_stops_claiming_when_the_broker_is_lost() -> None
     await asyncio.wait_for(task, timeout=5)
 
 
+async def test_express__each_look_asks_only_for_a_transaction_newer_than_it_saw() -> None:
+    """The look's bound: while the xmin horizon is pinned, the index entries of every row the
+    lane claimed stay in the index, and a look without it walked all of them. Kept across
+    drains; forgotten after a database failure (the next look may reach another server)."""
+    store, runner = _Store(), _Runner()
+    store.newest = 10
+    lane = ExpressLane(store, _Publisher(), poll_s=0.001)  # type: ignore[arg-type]
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, runner))
+    await wait_until(lambda: store.looks > 5, timeout_s=5, what="looks")
+    store.newest, runner.pending = 11, 1
+    await wait_until(lambda: runner.batches == 1, timeout_s=5, what="the new row claimed")
+    looks = store.looks
+    await wait_until(lambda: store.looks > looks + 5, timeout_s=5, what="more looks")
+    done.set()
+    await asyncio.wait_for(task, timeout=5)
+    assert store.asked[0] == 0
+    assert set(store.asked[1:]) <= {10, 11}
+    assert store.asked[-1] == 11
+    # The next drain starts from what this one saw.
+    store.asked.clear()
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, runner))
+    await wait_until(lambda: len(store.asked) > 5, timeout_s=5, what="the next drain's looks")
+    assert store.after == 11
+    store.fail = True
+    await asyncio.wait_for(task, timeout=5)
+    assert set(store.asked) == {11}
+    assert lane.seen == 0
+
+
 async def test_express__a_database_failure_ends_the_lane_until_the_next_drain() -> None:
     store, runner = _Store(), _Runner()
     store.fail = True
@@ -142,7 +175,7 @@ async def test_express__a_database_failure_ends_the_lane__the_drain_reports_with
                 yield batch
 
     class DeadLinkStore(_Store):
-        async def newest_transaction(self) -> int | None:
+        async def newest_transaction(self, newer_than: int = 0) -> int | None:
             self.looks += 1
             if self.looks == 1:
                 return 0
@@ -187,7 +220,7 @@ async def test_express__a_look_still_waiting_when_the_drains_lanes_failed_is_giv
     class SilentStore(_Store):
         cancelled = False
 
-        async def newest_transaction(self) -> int | None:
+        async def newest_transaction(self, newer_than: int = 0) -> int | None:
             self.looks += 1
             if self.looks == 1:
                 return 0
