@@ -242,15 +242,24 @@ class WakeupLock(Protocol):
 EXPRESS_IN_FLIGHT = 3
 
 
+class Newest(NamedTuple):
+    """What the express lane's look sees."""
+
+    xact: int | None  # the newest transaction newer than asked that has rows (None: none)
+    running_from: int  # the oldest transaction still running: every older one has ended
+
+
 class ExpressStore(Store, Protocol):
     """The store as the express lane needs it (relay/loop/express.py): its claims take the
     fair round alone, of the transactions newer than `after` (None: all)."""
 
     after: int | None
 
-    async def newest_transaction(self, newer_than: int = 0) -> int | None:
-        """The newest transaction newer than `newer_than` that has unkeyed rows in the outbox
-        (None: none)."""
+    floor: int | None
+
+    async def newest_transaction(self, newer_than: int = 0) -> Newest:
+        """The newest transaction newer than `newer_than` that has unkeyed rows in the outbox,
+        and the oldest one still running."""
 
 
 class Publisher(Protocol):

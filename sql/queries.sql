@@ -381,11 +381,14 @@ WHERE w.before < $2
 -- the lane saw before) that has unkeyed rows, as text (NULL: none): a new one means rows to
 -- claim. $1 bounds the scan of the (xact, seq) index from its end: the entries of rows the
 -- lane already claimed and deleted stay in the index while a transaction elsewhere pins the
--- xmin horizon, and without the bound each look walked all of them. A plain statement: it runs every few milliseconds while a backlog drains, and a function with
+-- xmin horizon, and without the bound each look walked all of them. Beside it, the oldest
+-- transaction still running (every older one has ended): how far the lane's claims may move
+-- their own bound (relay/loop/express.py). A plain statement: it runs every few milliseconds while a backlog drains, and a function with
 -- a plan of its own cost the server 2-3x its CPU (96 us a look here). Its plan is made during
 -- a drain, and an ANALYZE at the backlog's start (relay/pg/tablestats.py) makes it again if
 -- the statistics said the table was empty.
-SELECT max(xact)::text FROM {table} WHERE ordering_key IS NULL AND xact > $1::text::xid8
+SELECT (SELECT max(xact) FROM {table} WHERE ordering_key IS NULL AND xact > $1::text::xid8)::text,
+       pg_snapshot_xmin(pg_current_snapshot())::text
 
 -- name: claim_single_active
 -- RELAY_MODE=single-active (one claimer, behind the fence): due rows in plain seq order, keyed

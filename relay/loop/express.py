@@ -73,7 +73,7 @@ class ExpressLane:
                     await _pause(done, FAILURE_PAUSE_S)
                     continue
                 try:
-                    newest = await _unless_done(
+                    look = await _unless_done(
                         done, self.store.newest_transaction(self.seen if seen is None else seen))
                 except DatabaseError as exc:
                     # The drain's own lanes report the outage (the database supervisor); the
@@ -89,13 +89,17 @@ class ExpressLane:
                     return
                 # Only what commits from now on: the drain's lanes take what is there
                 # already, and a bulk transaction's drained head is never walked here.
+                newest = look.xact
                 if seen is None:
                     seen = self.store.after = self.seen = newest or self.seen
                 if newest is None or newest <= seen or len(bursts) >= EXPRESS_IN_FLIGHT:
                     await _pause(done, self.poll_s)
                     continue
                 seen = self.seen = newest
-                burst = asyncio.ensure_future(self._burst(done, run_batch, failed))
+                # Once this burst has claimed all it finds, every transaction up to here that
+                # has ended is served: the lane's claims may start above it.
+                served = min(newest, look.running_from - 1)
+                burst = asyncio.ensure_future(self._burst(done, run_batch, failed, served))
                 bursts.add(burst)
                 burst.add_done_callback(bursts.discard)
         except asyncio.CancelledError:
@@ -109,15 +113,26 @@ class ExpressLane:
             await asyncio.gather(*bursts, return_exceptions=True)
 
     async def _burst(self, done: asyncio.Event, run_batch: BatchRunner,
-                     failed: asyncio.Event) -> None:
+                     failed: asyncio.Event, served: int) -> None:
         """Claim and publish until a claim brings at most one transaction's row (a burst of
         commits may be more than one claim), or the broker is gone: a batch whose publisher
         lost its connection leaves its rows untouched at once, and a burst that went on would
-        claim them again and again while the broker is away."""
+        claim them again and again while the broker is away.
+
+        A burst whose last claim found nothing left moves the lane's claim floor up to
+        `served`: the newest transaction its look saw, or, if older, the one before the oldest
+        still running then (one that commits later is never left below the floor). Each claim
+        walks the (xact, seq) index from its end down to that floor, and while the xmin
+        horizon is pinned the entries of every row the lane claimed stay there: from the
+        drain's start, that walk grew with every live row. One that ends with a single row
+        may leave more rows of that transaction: the floor stays, and later bursts take them."""
         try:
+            claimed = 2
             while (not done.is_set() and self.publisher.ready
-                   and await run_batch(self.store, self.publisher) > 1):
+                   and (claimed := await run_batch(self.store, self.publisher)) > 1):
                 pass
+            if claimed == 0 and self.store.after is not None:
+                self.store.floor = max(self.store.floor or 0, served)
         except DatabaseError as exc:
             log.info("express_lane_paused", error=str(exc))
             failed.set()

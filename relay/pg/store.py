@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from relay.errors import SchemaError
-from relay.interfaces import ClaimOptions, OnSuccess, OutboxRow, Reason, Settlement
+from relay.interfaces import ClaimOptions, Newest, OnSuccess, OutboxRow, Reason, Settlement
 from relay.pg.archive import partitions_ahead
 from relay.pg.config import DatabaseConfig
 from relay.pg.connection import (
@@ -400,12 +400,14 @@ class Outbox:
         """This outbox as the express lane claims it (relay/loop/express.py)."""
         return ExpressOutbox(self)
 
-    async def newest_transaction(self, newer_than: int = 0) -> int | None:
+    async def newest_transaction(self, newer_than: int = 0) -> Newest:
         """The newest transaction newer than `newer_than` that has unkeyed rows in the outbox
-        (None: none)."""
-        value = await self._read_one("reading the newest transaction", "newest_transaction",
-                                     str(newer_than))
-        return None if value is None else int(value)
+        (None: none), and the oldest transaction still running."""
+        async with self._taken() as conn:
+            with translated("reading the newest transaction", conn):
+                newest, running = await conn.fetchrow(self.q["newest_transaction"],
+                                                      str(newer_than))
+        return Newest(None if newest is None else int(newest), int(running))
 
     @asynccontextmanager
     async def _taken(self) -> AsyncIterator[Conn]:
@@ -421,11 +423,11 @@ class Outbox:
         finally:
             await self._release(conn)
 
-    async def _read_one(self, doing: str, query: str, *args: Any) -> Any:
+    async def _read_one(self, doing: str, query: str) -> Any:
         """One value a query reads on a pooled connection (_taken)."""
         async with self._taken() as conn:
             with translated(doing, conn):
-                return await conn.fetchval(self.q[query], *args)
+                return await conn.fetchval(self.q[query])
 
     @asynccontextmanager
     async def claim(self, limit: int, *, express: bool = False, after: int | None = None,
@@ -548,6 +550,8 @@ class ExpressOutbox:
     def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
         self._after: int | None = None
+        # The lane's own claims start above this transaction (relay/loop/express.py).
+        self.floor: int | None = None
 
     @property
     def after(self) -> int | None:
@@ -561,16 +565,19 @@ class ExpressOutbox:
         # first. Set back to None, the drain's claims take every transaction again.
         self._after = value
         self._outbox.fair_upto = value
+        self.floor = None
 
     def claim(self, limit: int, *, max_bytes: int | None = None
               ) -> AbstractAsyncContextManager[_Claim]:
         """The fair round's rows of the newest transactions, locked in a transaction."""
-        return self._outbox.claim(limit, express=True, after=self.after, max_bytes=max_bytes)
+        after = self.after if self.floor is None or self.after is None \
+            else max(self.after, self.floor)
+        return self._outbox.claim(limit, express=True, after=after, max_bytes=max_bytes)
 
     async def seconds_until_next_due(self) -> float | None:
         """As the outbox's."""
         return await self._outbox.seconds_until_next_due()
 
-    async def newest_transaction(self, newer_than: int = 0) -> int | None:
+    async def newest_transaction(self, newer_than: int = 0) -> Newest:
         """As the outbox's."""
         return await self._outbox.newest_transaction(newer_than)

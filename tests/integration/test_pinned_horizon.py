@@ -15,8 +15,11 @@ from typing import Any
 import asyncpg
 import pytest
 
+from relay.app import database_config
 from relay.pg.queries import Queries
 from relay.pg.seqfloor import FROM_START
+from relay.pg.store import Outbox
+from relay.settings import Settings
 from tests.conftest import NAMES
 from tests.helpers import Env, count_rows, pg_session, wait_until
 from tests.kit.consumer import Consumer
@@ -133,32 +136,58 @@ async def _index_entries(conn: asyncpg.Connection, sql: str, *args: Any) -> tupl
         await tx.rollback()
 
 
-async def test_with_the_horizon_pinned__the_express_lanes_look_reads_only_what_is_newer(
+async def test_with_the_horizon_pinned__the_express_lanes_look_and_claim_read_only_what_is_new(
     env: Env, pinned: asyncpg.Connection
 ) -> None:
     """The express lane looks at the newest transaction every few milliseconds while a
-    backlog drains. The live rows it claimed are deleted, but their index entries stay while
-    the horizon is pinned, at the (xact, seq) index's end: a look without a bound walked every
-    one of them. Bounded by the newest transaction the lane saw, it reads only newer ones."""
+    backlog drains, and claims what committed since. The live rows it claimed are deleted, but
+    their index entries stay while the horizon is pinned, at the (xact, seq) index's end: a
+    look without a bound, and a claim bounded only by the drain's start, walked every one of
+    them. The look is bounded by the newest transaction the lane saw, its claims by the floor
+    its bursts moved up (relay/loop/express.py): each reads only newer entries."""
     await insert_rows(env.pg_dsn, env.exchange, env.routing_key, ({"bulk": i} for i in range(500)))
-    async with pg_session(env.pg_dsn) as conn:
-        for i in range(LIVE):  # one-row transactions, claimed and deleted as they came
-            await insert_rows(conn, env.exchange, env.routing_key, [{"live": i}])
-        seen = await conn.fetchval("SELECT max(xact)::text FROM queue_message")
-        await conn.execute("DELETE FROM queue_message WHERE xact > (SELECT min(xact) FROM "
-                           "queue_message)")
-        await conn.execute("ANALYZE queue_message")
-        look = Queries(NAMES)["newest_transaction"]
-        unbounded, newest = await _index_entries(conn, look, "0")
-        bounded, none = await _index_entries(conn, look, seen)
-        await insert_rows(conn, env.exchange, env.routing_key, [{"live": "new"}])
-        bounded_new, found = await _index_entries(conn, look, seen)
-    print(f"\n[pinned] index entries a look read: {unbounded:,} from the end, {bounded} above "
-          f"the last transaction seen ({bounded_new} with one new row)")
+    outbox = await Outbox.open(database_config(Settings(pg_dsn=env.pg_dsn)))
+    try:
+        express = outbox.express()
+        async with pg_session(env.pg_dsn) as conn:
+            express.after = int(await conn.fetchval("SELECT max(xact)::text FROM queue_message"))
+            for i in range(LIVE):  # one-row transactions, claimed and deleted as they came
+                await insert_rows(conn, env.exchange, env.routing_key, [{"live": i}])
+            look = await express.newest_transaction()
+            assert look.xact is not None
+            live = [int(x) for x in await conn.fetchval(
+                "SELECT array_agg(xact::text) FROM queue_message WHERE xact > $1::text::xid8",
+                str(express.after))]
+            await conn.execute("DELETE FROM queue_message WHERE xact > $1::text::xid8",
+                               str(express.after))
+            await conn.execute("ANALYZE queue_message")
+            query = Queries(NAMES)["newest_transaction"]
+            unbounded, _ = await _index_entries(conn, query, "0")
+            bounded, none = await _index_entries(conn, query, str(look.xact))
+            await insert_rows(conn, env.exchange, env.routing_key, [{"live": "new"}])
+            bounded_new, found = await _index_entries(conn, query, str(look.xact))
+            claim = Queries(NAMES)["claim_express"]
+            from_start, _ = await _index_entries(conn, claim, 64, 24 << 20, FROM_START,
+                                                 str(express.after), 16 << 20)
+            # As a burst leaves it. Below a transaction that still runs anywhere on the server
+            # (another test's, in a suite run): then the claim reads the entries above it.
+            express.floor = min(look.xact, look.running_from - 1)
+            above = sum(1 for x in live if x > express.floor)
+            from_floor, _ = await _index_entries(conn, claim, 64, 24 << 20, FROM_START,
+                                                 str(express.floor), 16 << 20)
+            async with express.claim(64) as batch:
+                assert [r.content for r in batch.rows] == [b'{"live": "new"}']
+    finally:
+        await outbox.close()
+    print(f"\n[pinned] index entries read by a look: {unbounded:,} from the end, {bounded} above "
+          f"the last transaction seen ({bounded_new} with one new row); by an express claim: "
+          f"{from_start:,} from the drain's start, {from_floor} from the floor ({above} deleted "
+          f"rows above it)")
     assert unbounded >= LIVE, "the test's premise: the deleted rows' entries are walked"
-    assert newest is not None
+    assert from_start >= LIVE, "the test's premise: the deleted rows' entries are walked"
     assert none is None
     assert found is not None
-    assert int(found) > int(seen)
+    assert int(found) > look.xact
     assert bounded <= 5
     assert bounded_new <= 5
+    assert from_floor <= above + 10

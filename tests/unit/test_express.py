@@ -11,7 +11,14 @@ from collections.abc import Sequence
 import pytest
 
 from relay.errors import DatabaseError
-from relay.interfaces import ExpressStore, LockState, Message, Publisher, PublishResult
+from relay.interfaces import (
+    ExpressStore,
+    LockState,
+    Message,
+    Newest,
+    Publisher,
+    PublishResult,
+)
 from relay.loop.express import ExpressLane
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
@@ -24,16 +31,19 @@ class _Store:
     def __init__(self) -> None:
         self.newest: int | None = None
         self.after: int | None = None
+        self.floor: int | None = None
+        self.running_from = 1_000
         self.looks = 0
         self.fail = False
         self.asked: list[int] = []
 
-    async def newest_transaction(self, newer_than: int = 0) -> int | None:
+    async def newest_transaction(self, newer_than: int = 0) -> Newest:
         self.looks += 1
         self.asked.append(newer_than)
         if self.fail:
             raise DatabaseError("gone")
-        return self.newest if self.newest is not None and self.newest > newer_than else None
+        newest = self.newest if self.newest is not None and self.newest > newer_than else None
+        return Newest(newest, self.running_from)
 
     def claim(self, limit: int, *, max_bytes: int | None = None):  # type: ignore[no-untyped-def]  # never called: see _Runner
         raise AssertionError
@@ -142,6 +152,34 @@ async def test_express__each_look_asks_only_for_a_transaction_newer_than_it_saw(
     assert lane.seen == 0
 
 
+async def test_express__a_burst_that_found_nothing_left_moves_the_claims_floor_to_what_ended(
+) -> None:
+    """The lane's claims walk the (xact, seq) index from its end down to their bound; under a
+    pinned horizon the entries of every row the lane claimed stay there. A burst whose last
+    claim came back empty raises the bound to the newest transaction its look saw, or to the
+    one before the oldest still running (which may commit later); one whose last claim
+    brought one row (that transaction may have more) leaves it."""
+    store, runner = _Store(), _Runner()
+    store.newest = 10
+    done, task = await _lane(store, runner)
+    await wait_until(lambda: store.looks > 5, timeout_s=5, what="looks")
+    assert store.floor is None
+    store.newest, runner.pending = 12, 4  # 2 + 2 + 0: the last claim found nothing
+    await wait_until(lambda: store.floor is not None, timeout_s=5, what="the floor moved")
+    assert store.floor == 12
+    store.running_from = 14  # transaction 14 still runs: the floor stops below it
+    store.newest, runner.pending = 20, 4
+    await wait_until(lambda: store.floor == 13, timeout_s=5, what="the floor below 14")
+    store.running_from = 1_000
+    store.newest, runner.pending = 21, 1  # one row: maybe more of it left
+    await wait_until(lambda: runner.pending == 0, timeout_s=5, what="the row claimed")
+    looks = store.looks
+    await wait_until(lambda: store.looks > looks + 5, timeout_s=5, what="more looks")
+    assert store.floor == 13
+    done.set()
+    await asyncio.wait_for(task, timeout=5)
+
+
 async def test_express__a_database_failure_ends_the_lane_until_the_next_drain() -> None:
     store, runner = _Store(), _Runner()
     store.fail = True
@@ -175,15 +213,15 @@ async def test_express__a_database_failure_ends_the_lane__the_drain_reports_with
                 yield batch
 
     class DeadLinkStore(_Store):
-        async def newest_transaction(self, newer_than: int = 0) -> int | None:
+        async def newest_transaction(self, newer_than: int = 0) -> Newest:
             self.looks += 1
             if self.looks == 1:
-                return 0
+                return Newest(None, 1)
             if self.looks == 2:
                 await asyncio.sleep(0.1)
                 raise DatabaseError("reading the newest transaction failed: TimeoutError()")
             await asyncio.Event().wait()  # another dead connection: no answer
-            return None
+            return Newest(None, 1)
 
     store = CutAfterFirstClaim(rows=[row(1), row(2)])
     express = ExpressLane(DeadLinkStore(), FakePublisher(), poll_s=0.001)  # type: ignore[arg-type]
@@ -220,16 +258,16 @@ async def test_express__a_look_still_waiting_when_the_drains_lanes_failed_is_giv
     class SilentStore(_Store):
         cancelled = False
 
-        async def newest_transaction(self, newer_than: int = 0) -> int | None:
+        async def newest_transaction(self, newer_than: int = 0) -> Newest:
             self.looks += 1
             if self.looks == 1:
-                return 0
+                return Newest(None, 1)
             try:
                 await asyncio.Event().wait()  # no answer, ever
             except asyncio.CancelledError:
                 self.cancelled = True
                 raise
-            return None
+            return Newest(None, 1)
 
     look = SilentStore()
     express = ExpressLane(look, FakePublisher(), poll_s=0.001)  # type: ignore[arg-type]
