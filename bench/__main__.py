@@ -188,7 +188,7 @@ SUITE: dict[str, Callable[[Plan], Coroutine[Any, Any, Figure]]] = {
     "limits": limits, "drain": drain, "pinned": pinned, "tracing": tracing, "latency": latency,
     "producers": producers, "fairness": fairness, "cold": cold}
 OWN_REPORTS = {"spark": "bench.spark.run", "compare": "bench.compare",
-               "statements": "bench.statements"}
+               "statements": "bench.statements", "horizon": "bench.horizon"}
 
 
 def own_report(name: str, argv: list[str]) -> str:
