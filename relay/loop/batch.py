@@ -65,10 +65,33 @@ class BatchReport:
 _OUTSIDE = {Reason.BROKER_LOST, Reason.BLOCKED, Reason.DEADLINE, Reason.SHUTDOWN}
 
 
+class Stage:
+    """How far a lane's batch has come. `sending` from the moment it hands its first message
+    to the publisher until the batch ended: only then may the broker have some of its rows,
+    and only then must the batch be let finish (rolled back, those rows would go again).
+    Before it, the batch is at most a claim in progress (waiting for a pooled connection, a
+    new connection's checks, the claim's statement), which a cancel rolls back at no cost: a
+    drain whose other lane already failed on a silent server need not wait for it."""
+
+    __slots__ = ("sending",)
+
+    def __init__(self) -> None:
+        self.sending = False
+
+
 async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan,
-                    trace: SweepTrace = NO_SWEEP) -> BatchReport:
+                    trace: SweepTrace = NO_SWEEP, stage: Stage | None = None) -> BatchReport:
     """Claim, build, publish, decide, settle and commit one batch (traced as a child of the
-    wake-up's `trace` when it finds rows)."""
+    wake-up's `trace` when it finds rows); `stage` says when it starts sending."""
+    try:
+        return await _run_batch(store, publisher, plan, trace, stage)
+    finally:
+        if stage is not None:
+            stage.sending = False
+
+
+async def _run_batch(store: Store, publisher: Publisher, plan: BatchPlan, trace: SweepTrace,
+                     stage: Stage | None) -> BatchReport:
     started = time.perf_counter()
     started_ns = time.time_ns()
     span = NO_BATCH
@@ -84,6 +107,8 @@ async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan,
             messages, refused = build(publisher, rows)
             span = trace.batch(started_ns, claimed_ns, rows, messages)
             span.event("publish")
+            if stage is not None:
+                stage.sending = True
             publish_started = time.perf_counter()
             result = await publish(publisher, rows, messages, refused, plan, deadline=deadline)
             publish_s = time.perf_counter() - publish_started

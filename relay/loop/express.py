@@ -25,6 +25,7 @@ import structlog
 
 from relay.errors import DatabaseError
 from relay.interfaces import EXPRESS_IN_FLIGHT, ExpressStore, Publisher
+from relay.loop.batch import Stage
 
 log = structlog.get_logger("relay.loop.express")
 
@@ -38,7 +39,7 @@ EXPRESS_ROWS = 64
 FAILURE_PAUSE_S = 1.0
 _T = TypeVar("_T")
 
-BatchRunner = Callable[[ExpressStore, Publisher], Awaitable[int]]
+BatchRunner = Callable[[ExpressStore, Publisher, Stage], Awaitable[int]]
 
 
 @dataclass
@@ -55,7 +56,13 @@ class ExpressLane:
 
     async def run_until(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         """Look and claim until `done` is set; a batch in flight then finishes first.
-        `run_batch(store, publisher)` runs one batch and returns the rows it claimed."""
+        `run_batch(store, publisher, stage)` runs one batch and returns the rows it claimed.
+
+        A batch that failed on the database ends the lane, and its error is raised once the
+        bursts in flight finished: the drain reports it after its own lanes. It may have been
+        the drain's last statement (the lanes done before a silent cut, live rows still
+        coming): swallowed, the outage was noticed only at the next statement, a command
+        timeout later."""
         try:
             await self._run(done, run_batch)
         finally:
@@ -63,8 +70,9 @@ class ExpressLane:
 
     async def _run(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         seen: int | None = None
-        bursts: set[asyncio.Future[None]] = set()
+        bursts: dict[asyncio.Future[None], Stage] = {}
         failed = asyncio.Event()
+        errors: list[DatabaseError] = []
         try:
             while not done.is_set() and not failed.is_set():
                 if not self.publisher.ready:
@@ -99,9 +107,11 @@ class ExpressLane:
                 # Once this burst has claimed all it finds, every transaction up to here that
                 # has ended is served: the lane's claims may start above it.
                 served = min(newest, look.running_from - 1)
-                burst = asyncio.ensure_future(self._burst(done, run_batch, failed, served))
-                bursts.add(burst)
-                burst.add_done_callback(bursts.discard)
+                stage = Stage()
+                burst = asyncio.ensure_future(self._burst(
+                    run_batch, served, stage, done=done, failed=failed, errors=errors))
+                bursts[burst] = stage
+                burst.add_done_callback(lambda b: bursts.pop(b, None))
         except asyncio.CancelledError:
             # A hard stop (the drain is cancelled): the lane's batches roll back with the
             # drain's own.
@@ -109,11 +119,20 @@ class ExpressLane:
                 running.cancel()
             raise
         finally:
-            # On the drain's end a batch in flight finishes: its rows may be acked already.
+            # On the drain's end a batch that sends finishes: its rows may be acked already.
+            # One still claiming is cancelled: it holds nothing the broker has, and on a
+            # silent server it would wait out a command timeout or two (a new connection's
+            # checks, its claim), and the drain's notice of the outage with it.
+            for running, stage in list(bursts.items()):
+                if not stage.sending:
+                    running.cancel()
             await asyncio.gather(*bursts, return_exceptions=True)
+        if errors:
+            raise errors[0]
 
-    async def _burst(self, done: asyncio.Event, run_batch: BatchRunner,
-                     failed: asyncio.Event, served: int) -> None:
+    async def _burst(self, run_batch: BatchRunner, served: int, stage: Stage, *,
+                     done: asyncio.Event, failed: asyncio.Event,
+                     errors: list[DatabaseError]) -> None:
         """Claim and publish until a claim brings at most one transaction's row (a burst of
         commits may be more than one claim), or the broker is gone: a batch whose publisher
         lost its connection leaves its rows untouched at once, and a burst that went on would
@@ -129,12 +148,13 @@ class ExpressLane:
         try:
             claimed = 2
             while (not done.is_set() and self.publisher.ready
-                   and (claimed := await run_batch(self.store, self.publisher)) > 1):
+                   and (claimed := await run_batch(self.store, self.publisher, stage)) > 1):
                 pass
             if claimed == 0 and self.store.after is not None:
                 self.store.floor = max(self.store.floor or 0, served)
         except DatabaseError as exc:
             log.info("express_lane_paused", error=str(exc))
+            errors.append(exc)
             failed.set()
 
 

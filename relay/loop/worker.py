@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -22,7 +23,7 @@ from relay.interfaces import (
     Store,
     WakeupLock,
 )
-from relay.loop.batch import BatchPlan, BatchReport, run_batch
+from relay.loop.batch import BatchPlan, BatchReport, Stage, run_batch
 from relay.loop.budget import LaneBytes
 from relay.loop.express import EXPRESS_ROWS, ExpressLane
 from relay.loop.retry import RetryPolicy
@@ -171,12 +172,17 @@ class Worker:
             claimed = await self.run_batch()
             if self._short(claimed):
                 return
-        # A lane that fails (its database connection dropped) must not cancel the others: their
-        # batches may already be acked by the broker, and rolling them back would send them
-        # again. The others finish the batch they hold, claim no more, and the first failure
-        # is raised once they have.
+        # A lane that fails (its database connection dropped) must not cancel the others while
+        # they send: their batches may already be acked by the broker, and rolling them back
+        # would send them again. The others finish the batch they send, claim no more, and the
+        # first failure is raised once they have. A lane still claiming (waiting for a pooled
+        # connection, a new connection's checks, its claim's statement) holds nothing the
+        # broker has: it is cancelled (on a silent server it would wait out a command timeout
+        # or two, and the outage's notice with it).
         failed = asyncio.Event()
-        lanes = [asyncio.ensure_future(self._lane(failed)) for _ in range(self.config.concurrency)]
+        stages = [Stage() for _ in range(self.config.concurrency)]
+        lanes = [asyncio.ensure_future(self._lane(failed, stage)) for stage in stages]
+        abandon = asyncio.ensure_future(_cancel_claiming(failed, lanes, stages))
         # Beside the lanes, for as long as they run: rows that newer transactions commit
         # meanwhile go at once (relay/loop/express.py).
         drained = asyncio.Event()
@@ -191,8 +197,12 @@ class Worker:
                 lane.cancel()
             await asyncio.gather(*lanes, *express, return_exceptions=True)
             raise
+        finally:
+            abandon.cancel()
         for outcome in outcomes:
-            if isinstance(outcome, BaseException):
+            # A lane cancelled while it claimed: the failure that made it so comes from another.
+            if isinstance(outcome, BaseException) and not isinstance(outcome,
+                                                                     asyncio.CancelledError):
                 raise outcome
 
     def _runs_express(self) -> bool:
@@ -203,14 +213,14 @@ class Worker:
         lock = self.sleeper.lock
         return lock is None or lock.state().role != "waiter"
 
-    async def _lane(self, failed: asyncio.Event) -> None:
+    async def _lane(self, failed: asyncio.Event, stage: Stage) -> None:
         try:
-            await self._lane_batches(failed)
+            await self._lane_batches(failed, stage)
         except Exception:
             failed.set()
             raise
 
-    async def _lane_batches(self, failed: asyncio.Event) -> None:
+    async def _lane_batches(self, failed: asyncio.Event, stage: Stage) -> None:
         while not self.stopping and not failed.is_set():
             if not self.publisher.ready:
                 # Hand the sleeper role to a replica that can publish meanwhile.
@@ -225,7 +235,7 @@ class Worker:
                         async with asyncio.timeout(0.2):
                             await self._stopping.wait()
                     continue
-            claimed = await self.run_batch()
+            claimed = await self.run_batch(stage)
             # A keyed claim is also bounded by the keys per batch, so a short batch with keyed
             # rows does not mean the backlog is empty: only an empty claim says that.
             if self._short(claimed):
@@ -256,22 +266,23 @@ class Worker:
                 task.cancel()
             await asyncio.gather(ready, stop, return_exceptions=True)
 
-    async def run_batch(self) -> int:
+    async def run_batch(self, stage: Stage | None = None) -> int:
         """Run one batch (relay/loop/batch.py) within the lanes' byte budget; return the
         number of rows claimed."""
         plan = replace(self._plan(self.config.batch_size), max_bytes=self._bytes.now)
-        report = await run_batch(self.store, self.publisher, plan, self._trace)
+        report = await run_batch(self.store, self.publisher, plan, self._trace, stage)
         self._bytes.after(report)
         # Read by _lane right after this returns (no await in between, so lanes cannot mix).
         self._last_more_due = report.more_due
         self._last_had_keys = any(r.ordering_key is not None for r in report.rows)
         return self._account(report)
 
-    async def _express_batch(self, store: ExpressStore, publisher: Publisher) -> int:
+    async def _express_batch(self, store: ExpressStore, publisher: Publisher,
+                             stage: Stage) -> int:
         """One batch of the express lane: its own claim, publisher and size."""
         report = await run_batch(store, publisher,
                                  self._plan(min(EXPRESS_ROWS, self.config.batch_size)),
-                                 self._trace)
+                                 self._trace, stage)
         return self._account(report)
 
     def _plan(self, batch_size: int) -> BatchPlan:
@@ -297,3 +308,12 @@ class Worker:
         log.debug("batch_settled", claimed=len(rows), published=published, held=report.held,
                   elapsed_ms=round(report.batch_s * 1000, 1))
         return len(rows)
+
+
+async def _cancel_claiming(failed: asyncio.Event, lanes: Sequence[asyncio.Future[None]],
+                           stages: Sequence[Stage]) -> None:
+    """Once a lane failed, cancel every other lane that is not sending a batch (Stage)."""
+    await failed.wait()
+    for lane, stage in zip(lanes, stages, strict=True):
+        if not lane.done() and not stage.sending:
+            lane.cancel()

@@ -420,6 +420,13 @@ class Outbox:
             conn = await self._pool.acquire()
         try:
             yield conn
+        except asyncio.CancelledError:
+            # Cancelled in the middle of a statement (a lane still claiming when its drain
+            # gave it up, a look given up, a hard stop): the release would wait for the
+            # server to answer the cancel, up to its bound, from a server that may be silent.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
+            raise
         finally:
             await self._release(conn)
 

@@ -19,6 +19,7 @@ from relay.interfaces import (
     Publisher,
     PublishResult,
 )
+from relay.loop.batch import Stage
 from relay.loop.express import ExpressLane
 from relay.loop.worker import Worker, WorkerConfig
 from tests.helpers import wait_until
@@ -64,7 +65,7 @@ class _Runner:
         self.pending = 0
         self.batches = 0
 
-    async def __call__(self, store: ExpressStore, publisher: Publisher) -> int:
+    async def __call__(self, store: ExpressStore, publisher: Publisher, stage: Stage) -> int:
         self.batches += 1
         taken = min(2, self.pending)
         self.pending -= taken
@@ -103,7 +104,7 @@ async def test_express__a_burst_stops_claiming_when_the_broker_is_lost() -> None
     store, runner, publisher = _Store(), _Runner(), _Publisher()
     lane = ExpressLane(store, publisher, poll_s=0.001)  # type: ignore[arg-type]
 
-    async def broker_lost_in_batch(s: ExpressStore, p: Publisher) -> int:
+    async def broker_lost_in_batch(s: ExpressStore, p: Publisher, stage: Stage) -> int:
         publisher.ready = False  # the connection dropped while this batch published
         runner.batches += 1
         await asyncio.sleep(0.001)
@@ -178,6 +179,31 @@ async def test_express__a_burst_that_found_nothing_left_moves_the_claims_floor_t
     assert store.floor == 13
     done.set()
     await asyncio.wait_for(task, timeout=5)
+
+
+async def test_express__a_batch_that_failed_on_the_database_is_raised_to_the_drain() -> None:
+    """The drain's lanes done before a silent cut, live rows still coming: the express lane's
+    batch was the drain's last statement. Its failure was logged and swallowed, the drain
+    ended as if all was well, and the relay noticed the outage only at its next statement, a
+    command timeout later (70 s for a 35 s command timeout in a black-hole chaos run)."""
+    store = _Store()
+    lane = ExpressLane(store, _Publisher(), poll_s=0.001)  # type: ignore[arg-type]
+    batches = 0
+
+    async def fails(s: ExpressStore, p: Publisher, stage: Stage) -> int:
+        nonlocal batches
+        batches += 1
+        raise DatabaseError("commit failed: timed out")
+
+    store.newest = 10
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, fails))
+    await wait_until(lambda: store.looks > 5, timeout_s=5, what="looks")
+    store.newest = 11
+    with pytest.raises(DatabaseError, match="commit failed"):
+        await asyncio.wait_for(task, timeout=5)  # without the drain's end
+    assert batches == 1
+    assert not done.is_set()
 
 
 async def test_express__a_database_failure_ends_the_lane_until_the_next_drain() -> None:
@@ -303,3 +329,40 @@ async def test_drain__of_a_tables_relays_only_the_sleeper_runs_the_express_lane(
     await Worker(store, publisher, config, lock=lock, express=lane).drain()
     assert store.rows == []
     assert (looks.looks > 0) is runs, looks.looks
+
+
+
+@pytest.mark.parametrize("sending", [False, True])
+async def test_express__on_the_drains_end_a_burst_still_claiming_is_cancelled_one_sending_ends(
+    sending: bool,
+) -> None:
+    """A burst waiting for its claim (a silent server: a new connection's checks, then the
+    claim, each a command timeout) held the drain's end, and the notice of the outage, for
+    as long; it holds nothing the broker has, so it is cancelled. One that sends finishes."""
+    store = _Store()
+    lane = ExpressLane(store, _Publisher(), poll_s=0.001)  # type: ignore[arg-type]
+    started, release, cancelled = asyncio.Event(), asyncio.Event(), []
+
+    async def stuck(s: ExpressStore, p: Publisher, stage: Stage) -> int:
+        stage.sending = sending
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return 1
+
+    store.newest = 10
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, stuck))
+    await wait_until(lambda: store.looks > 5, timeout_s=5, what="looks")
+    store.newest = 11
+    await asyncio.wait_for(started.wait(), timeout=5)
+    done.set()
+    if sending:
+        await asyncio.sleep(0.1)
+        assert not task.done(), "a burst that sends is waited for"
+        release.set()
+    await asyncio.wait_for(task, timeout=5)
+    assert cancelled == ([] if sending else [True])
