@@ -420,14 +420,11 @@ class Outbox:
             conn = await self._pool.acquire()
         try:
             yield conn
-        except asyncio.CancelledError:
-            # Cancelled in the middle of a statement (a lane still claiming when its drain
-            # gave it up, a look given up, a hard stop): the release would wait for the
-            # server to answer the cancel, up to its bound, from a server that may be silent.
-            with contextlib.suppress(asyncpg.InterfaceError):
-                conn.terminate()
-            raise
         finally:
+            # Also after a cancel in the middle of a statement (a lane still claiming when its
+            # drain gave it up, a look given up): the release waits for the server to answer
+            # the cancel, at most its bound (5 s) on a silent server. Terminating instead
+            # would close a sound connection at every drain's end that cut a look short.
             await self._release(conn)
 
     async def _read_one(self, doing: str, query: str) -> Any:
