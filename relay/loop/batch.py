@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -79,19 +79,17 @@ class Stage:
         self.sending = False
 
 
+def cancel_claiming(running: Iterable[tuple[asyncio.Future[None], Stage]]) -> None:
+    """Cancel each task whose batch is not sending (Stage): it holds nothing the broker has."""
+    for task, stage in running:
+        if not task.done() and not stage.sending:
+            task.cancel()
+
+
 async def run_batch(store: Store, publisher: Publisher, plan: BatchPlan,
                     trace: SweepTrace = NO_SWEEP, stage: Stage | None = None) -> BatchReport:
     """Claim, build, publish, decide, settle and commit one batch (traced as a child of the
     wake-up's `trace` when it finds rows); `stage` says when it starts sending."""
-    try:
-        return await _run_batch(store, publisher, plan, trace, stage)
-    finally:
-        if stage is not None:
-            stage.sending = False
-
-
-async def _run_batch(store: Store, publisher: Publisher, plan: BatchPlan, trace: SweepTrace,
-                     stage: Stage | None) -> BatchReport:
     started = time.perf_counter()
     started_ns = time.time_ns()
     span = NO_BATCH
@@ -123,6 +121,9 @@ async def _run_batch(store: Store, publisher: Publisher, plan: BatchPlan, trace:
     except BaseException as exc:
         span.fail(exc)
         raise
+    finally:
+        if stage is not None:
+            stage.sending = False
     span.finish(verdicts, held)
     return BatchReport(rows, verdicts, held, publish_s, time.perf_counter() - started,
                        time.time(), more_due)

@@ -25,7 +25,7 @@ import structlog
 
 from relay.errors import DatabaseError
 from relay.interfaces import EXPRESS_IN_FLIGHT, ExpressStore, Publisher
-from relay.loop.batch import Stage
+from relay.loop.batch import Stage, cancel_claiming
 
 log = structlog.get_logger("relay.loop.express")
 
@@ -71,10 +71,9 @@ class ExpressLane:
     async def _run(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         seen: int | None = None
         bursts: dict[asyncio.Future[None], Stage] = {}
-        failed = asyncio.Event()
-        errors: list[DatabaseError] = []
+        errors: list[DatabaseError] = []  # a burst's failure ends the lane
         try:
-            while not done.is_set() and not failed.is_set():
+            while not done.is_set() and not errors:
                 if not self.publisher.ready:
                     # The drain's own claims take every transaction meanwhile.
                     self.store.after, seen = None, None
@@ -109,7 +108,7 @@ class ExpressLane:
                 served = min(newest, look.running_from - 1)
                 stage = Stage()
                 burst = asyncio.ensure_future(self._burst(
-                    run_batch, served, stage, done=done, failed=failed, errors=errors))
+                    run_batch, served, stage, done=done, errors=errors))
                 bursts[burst] = stage
                 burst.add_done_callback(lambda b: bursts.pop(b, None))
         except asyncio.CancelledError:
@@ -123,16 +122,13 @@ class ExpressLane:
             # One still claiming is cancelled: it holds nothing the broker has, and on a
             # silent server it would wait out a command timeout or two (a new connection's
             # checks, its claim), and the drain's notice of the outage with it.
-            for running, stage in list(bursts.items()):
-                if not stage.sending:
-                    running.cancel()
+            cancel_claiming(list(bursts.items()))
             await asyncio.gather(*bursts, return_exceptions=True)
         if errors:
             raise errors[0]
 
     async def _burst(self, run_batch: BatchRunner, served: int, stage: Stage, *,
-                     done: asyncio.Event, failed: asyncio.Event,
-                     errors: list[DatabaseError]) -> None:
+                     done: asyncio.Event, errors: list[DatabaseError]) -> None:
         """Claim and publish until a claim brings at most one transaction's row (a burst of
         commits may be more than one claim), or the broker is gone: a batch whose publisher
         lost its connection leaves its rows untouched at once, and a burst that went on would
@@ -155,7 +151,6 @@ class ExpressLane:
         except DatabaseError as exc:
             log.info("express_lane_paused", error=str(exc))
             errors.append(exc)
-            failed.set()
 
 
 class _Done(Exception):

@@ -23,7 +23,7 @@ from relay.interfaces import (
     Store,
     WakeupLock,
 )
-from relay.loop.batch import BatchPlan, BatchReport, Stage, run_batch
+from relay.loop.batch import BatchPlan, BatchReport, Stage, cancel_claiming, run_batch
 from relay.loop.budget import LaneBytes
 from relay.loop.express import EXPRESS_ROWS, ExpressLane
 from relay.loop.retry import RetryPolicy
@@ -310,10 +310,9 @@ class Worker:
         return len(rows)
 
 
+
 async def _cancel_claiming(failed: asyncio.Event, lanes: Sequence[asyncio.Future[None]],
                            stages: Sequence[Stage]) -> None:
-    """Once a lane failed, cancel every other lane that is not sending a batch (Stage)."""
+    """Once a lane failed, cancel every other lane that is not sending a batch."""
     await failed.wait()
-    for lane, stage in zip(lanes, stages, strict=True):
-        if not lane.done() and not stage.sending:
-            lane.cancel()
+    cancel_claiming(zip(lanes, stages, strict=True))
