@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,17 @@ def broker_user(prefix: str, write: str = ".*") -> Iterator[tuple[str, str]]:
 def dump(obj: Any) -> str:
     """JSON for failure messages."""
     return json.dumps(obj, default=str)[:2000]
+
+
+def events_since(relay: RelayProcess, cut_at: float) -> list[str]:
+    """The relay's log events from `cut_at` (wall clock) on, each as "<s after>: <event>
+    <its fields>", for a failure message that shows what the relay waited for."""
+    out = []
+    for event in relay.log_events():
+        if "timestamp" not in event:
+            continue
+        at = datetime.fromisoformat(str(event["timestamp"])).timestamp()
+        if at >= cut_at:
+            fields = {k: v for k, v in event.items() if k not in ("timestamp", "event")}
+            out.append(f"{at - cut_at:.2f}: {event.get('event')} {fields}")
+    return out

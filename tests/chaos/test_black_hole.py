@@ -16,7 +16,6 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,14 @@ from relay.pg.connection import connect_args
 from relay.pg.store import Outbox
 from relay.settings import Settings
 from tests.chaos.flow import chaos_flow
-from tests.chaos.harness import Relays, assert_drained, assert_exactly_delivered, relays, report
+from tests.chaos.harness import (
+    Relays,
+    assert_drained,
+    assert_exactly_delivered,
+    events_since,
+    relays,
+    report,
+)
 from tests.chaos.inflight import FaultTally, LockProbe, caught_holding_rows
 from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, pg_fetchrow, wait_until
 from tests.kit.consumer import Consumer
@@ -177,7 +183,7 @@ async def test_black_hole_to_postgres__rows_freed_and_outage_noticed_within_the_
                          timeout_s=command_s * 2 + PG_SLACK_S * 2, interval_s=0.1,
                          what="connection_lost (database)")
         detect_s = time.monotonic() - (proxy.black_holed_at or 0.0)
-        since_cut = _events_since(relay, time.time() - detect_s)
+        since_cut = events_since(relay, time.time() - detect_s)
         print(f"\n[chaos] black hole to PostgreSQL: rows freed after {freed_s:.1f}s "
               f"(idle-in-transaction {idle_s:g}s), relay noticed after {detect_s:.1f}s "
               f"(command timeout {command_s:g}s)")
@@ -223,20 +229,6 @@ async def test_black_hole_to_postgres__a_pooled_read_fails_at_one_command_timeou
     # One command timeout (15 s) and a margin; the fault this is about takes 30.
     assert failed_s < command_s + 10, f"{read} failed after {failed_s:.1f}s (command " \
         f"timeout {command_s:g}s)"
-
-
-def _events_since(relay: RelayProcess, cut_at: float) -> list[str]:
-    """The relay's log events from `cut_at` (wall clock) on, each as "<s after>: <event>
-    <its fields>", for a failure message that shows what the relay waited for."""
-    out = []
-    for event in relay.log_events():
-        if "timestamp" not in event:
-            continue
-        at = datetime.fromisoformat(str(event["timestamp"])).timestamp()
-        if at >= cut_at:
-            fields = {k: v for k, v in event.items() if k not in ("timestamp", "event")}
-            out.append(f"{at - cut_at:.2f}: {event.get('event')} {fields}")
-    return out
 
 
 async def _sessions(env: Env, relay_pid: int) -> list[dict[str, object]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.flow import chaos_flow
+from tests.chaos.harness import events_since
 from tests.chaos.inflight import LockProbe, caught_holding_rows
 from tests.helpers import Env, RelayProcess, count_rows, pg_fetch, wait_until
 from tests.kit.proxy import TcpProxy, proxy_for, via_proxy
@@ -43,12 +44,14 @@ async def test_network_cut__link_reset_mid_batch_loses_nothing(
             await wait_until(lambda: '"relay_started"' in relay.log_text(), what="start")
             await flow.start_producer()
             async with caught_holding_rows([relay], flow.probe) as held:
+                cut_at = time.time()
                 await proxy.cut()
             flow.tally.record(held)
             if server == "postgres":
                 lost, back = await _database_outage(flow.group, proxy)
             else:
-                lost, back = await _broker_outage(flow.group, proxy, relay, flow.probe, env)
+                lost, back = await _broker_outage(flow.group, proxy, relay, flow.probe, env,
+                                                  cut_at=cut_at)
             await flow.settle(f"network cut ({server})", in_flight=1)
             assert relay.alive()
             assert (len(lost()), len(back())) == (1, 1), "the outage logged once"
@@ -70,7 +73,8 @@ async def _database_outage(group: object, proxy: TcpProxy) -> tuple[object, obje
 
 
 async def _broker_outage(group: object, proxy: TcpProxy, relay: RelayProcess,
-                         probe: LockProbe, env: Env) -> tuple[object, object]:
+                         probe: LockProbe, env: Env, *, cut_at: float
+                         ) -> tuple[object, object]:
     def events(name: str) -> list[object]:
         return group.events(name, connection="broker")  # type: ignore[attr-defined, no-any-return]
 
@@ -95,7 +99,7 @@ async def _broker_outage(group: object, proxy: TcpProxy, relay: RelayProcess,
             elif h.in_flight:
                 raise AssertionError(f"a claim while the broker is away: "
                                      f"{await _holders(env, relay.pid)}; the relay's log since "
-                                     f"it lost the broker: {_log_since(relay, 'connection_lost')}")
+                                     f"the cut: {events_since(relay, cut_at)}")
             else:
                 exact += 1
             await asyncio.sleep(0.05)
@@ -117,12 +121,3 @@ async def _holders(env: Env, relay_pid: int) -> list[dict[str, object]]:
         "AND backend_xid IS NOT NULL AND application_name LIKE 'outbox-relay % ' || $1::text",
         str(relay_pid))
     return [dict(r) for r in rows]
-
-
-def _log_since(relay: RelayProcess, event: str) -> list[str]:
-    """The relay's log events from the first `event` on, each as "<event> <its fields>"."""
-    events = relay.log_events()
-    first = next((i for i, e in enumerate(events) if e.get("event") == event), len(events))
-    return [f"{e.get('timestamp')} {e.get('event')} "
-            f"{ {k: v for k, v in e.items() if k not in ('timestamp', 'event')} }"
-            for e in events[first:]][:60]
