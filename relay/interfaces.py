@@ -269,6 +269,10 @@ class Publisher(Protocol):
     def ready(self) -> bool:
         """Connected and not blocked by broker flow control."""
 
+    @property
+    def connected(self) -> bool:
+        """The connection is open (blocked or not)."""
+
     async def wait_ready(self) -> None:
         """Return once connected and unblocked (reconnecting with backoff as needed)."""
 

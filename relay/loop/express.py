@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import structlog
@@ -32,10 +32,10 @@ log = structlog.get_logger("relay.loop.express")
 # Rows of one express claim: LEAST(32, rows / 2) transactions, one row each (the fair round's
 # share of a claim this size), so a burst of one-row transactions goes in one batch.
 EXPRESS_ROWS = 64
-# While the broker connection is away, the lane waits this long before it looks again. A
-# database failure ends the lane for the rest of the drain instead: its next look would go to
-# a pooled connection likely as dead as the one that failed (a silent cut: a command timeout
-# more), and the drain's end, which reports the outage, waits for the lane.
+# While the lane's broker connection is away (reconnecting), the lane waits this long before
+# it looks again. A database failure ends the lane for the rest of the drain instead: its next
+# look would go to a pooled connection likely as dead as the one that failed (a silent cut: a
+# command timeout more), and the drain's end, which reports the outage, waits for the lane.
 FAILURE_PAUSE_S = 1.0
 _T = TypeVar("_T")
 
@@ -53,6 +53,8 @@ class ExpressLane:
     # one, so it never walks the index entries of rows claimed since (while the xmin horizon
     # is pinned they stay in the index: a look walked every one, every few milliseconds).
     seen: int = 0
+    # The lane's reconnect after its broker connection was lost (see _reconnect).
+    _reconnecting: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
 
     async def run_until(self, done: asyncio.Event, run_batch: BatchRunner) -> None:
         """Look and claim until `done` is set; a batch in flight then finishes first.
@@ -75,7 +77,10 @@ class ExpressLane:
         try:
             while not done.is_set() and not errors:
                 if not self.publisher.ready:
-                    # The drain's own claims take every transaction meanwhile.
+                    # The drain's own claims take every transaction meanwhile. A blocked
+                    # connection (flow control) needs no reconnect: it is unblocked in place.
+                    if not self.publisher.connected:
+                        self._reconnect()
                     self.store.after, seen = None, None
                     await _pause(done, FAILURE_PAUSE_S)
                     continue
@@ -127,6 +132,16 @@ class ExpressLane:
         if errors:
             raise errors[0]
 
+    def _reconnect(self) -> None:
+        """Reconnect the lane's own broker connection, in the background and across drains,
+        until it is back (its supervisor, `broker-express`, backs off between attempts and logs
+        the outage). Nothing else reconnects it: without this, one broker outage turned the
+        lane off for the rest of the process's life. Not bound to the drain: a connect
+        cancelled half-way (the drain ended) could leave the connection half open."""
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.ensure_future(self.publisher.wait_ready())
+            self._reconnecting.add_done_callback(_reconnect_ended)
+
     async def _burst(self, run_batch: BatchRunner, served: int, stage: Stage, *,
                      done: asyncio.Event, errors: list[DatabaseError]) -> None:
         """Claim and publish until a claim brings at most one transaction's row (a burst of
@@ -151,6 +166,14 @@ class ExpressLane:
         except DatabaseError as exc:
             log.info("express_lane_paused", error=str(exc))
             errors.append(exc)
+
+
+def _reconnect_ended(task: asyncio.Future[None]) -> None:
+    """A reconnect ends connected, or when the relay stops (the supervisor's Stopping), or on
+    a fault retrying cannot fix, which the main connection reports too: the lane's next
+    drain tries again."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.debug("express_reconnect_ended", error=repr(exc))
 
 
 class _Done(Exception):

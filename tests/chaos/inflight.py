@@ -26,15 +26,18 @@ from tests.helpers import RelayProcess
 
 HELD_ROWS = """
 WITH relay_tx AS (
-    SELECT a.pid, a.backend_xid AS xid, a.application_name
+    SELECT a.pid, a.backend_xid AS xid, a.application_name, a.state,
+           now() - a.xact_start AS in_transaction, left(a.query, 100) AS query
     FROM pg_stat_activity AS a
     WHERE a.datname = current_database()
       AND a.application_name LIKE 'outbox-relay %'
       AND a.backend_xid IS NOT NULL
 )
-SELECT t.application_name, t.xid::text AS xid, count(q.*) AS rows
+SELECT t.application_name, t.xid::text AS xid, count(q.*) AS rows,
+       format('%s, %s for %s: %s', t.application_name, t.state, t.in_transaction, t.query)
+           AS session
 FROM relay_tx AS t LEFT JOIN queue_message AS q ON q.xmax = t.xid
-GROUP BY 1, 2
+GROUP BY t.application_name, t.xid, t.state, t.in_transaction, t.query
 """
 
 
@@ -56,6 +59,9 @@ class Held:
     """Relay transactions and the outbox rows each holds, at one instant."""
 
     rows_by_xid: dict[str, int]
+    # Each holding transaction's session at the sample (role, state, time in the transaction,
+    # its last statement), for a failure message: the transaction may be gone a moment later.
+    sessions: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def rows(self) -> int:
@@ -99,7 +105,9 @@ class LockProbe:
                 self.last_busy = [dict(r) for r in busy]
                 return None
             await asyncio.sleep(0.002)
-        return Held({r["xid"]: int(r["rows"]) for r in mine(await self._conn.fetch(HELD_ROWS))})
+        held = mine(await self._conn.fetch(HELD_ROWS))
+        return Held({r["xid"]: int(r["rows"]) for r in held},
+                    {r["xid"]: r["session"] for r in held})
 
     async def close(self) -> None:
         """Close the probe's connection (a restarted server may have closed it already)."""

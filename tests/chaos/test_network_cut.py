@@ -97,8 +97,9 @@ async def _broker_outage(group: object, proxy: TcpProxy, relay: RelayProcess,
                 # claim: a look or a figure on a loaded machine): no exact sample now.
                 unsettled.append(probe.last_busy)
             elif h.in_flight:
-                raise AssertionError(f"a claim while the broker is away: "
-                                     f"{await _holders(env, relay.pid)}; the relay's log since "
+                raise AssertionError(f"a claim while the broker is away: {h.sessions}; a "
+                                     f"moment later: {await _holders(env, relay.pid)}; "
+                                     f"the relay's log since "
                                      f"the cut: {events_since(relay, cut_at)}")
             else:
                 exact += 1
@@ -109,6 +110,10 @@ async def _broker_outage(group: object, proxy: TcpProxy, relay: RelayProcess,
         await proxy.restore()
     await wait_until(lambda: events("connection_restored"), timeout_s=60,
                      what="connection_restored (broker)")
+    # The express lane's own connection comes back too (the backlog of the outage drains).
+    await wait_until(lambda: group.events(  # type: ignore[attr-defined]
+        "connection_restored", connection="broker-express"), timeout_s=60,
+        what="connection_restored (broker-express)")
     return (lambda: events("connection_lost")), (lambda: events("connection_restored"))
 
 

@@ -130,6 +130,10 @@ class FakePublisher:
     calls: list[list[str]] = field(default_factory=list)
     hold: asyncio.Event | None = None  # when set: publish waits for it
 
+    @property
+    def connected(self) -> bool:
+        return self.ready
+
     async def wait_ready(self) -> None:
         self.ready = True
 

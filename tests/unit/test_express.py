@@ -54,7 +54,21 @@ class _Store:
 
 
 class _Publisher:
+    """`wait_ready` (the reconnect) ends connected once `back` is set."""
+
     def __init__(self) -> None:
+        self.ready = True
+        self.reconnects = 0
+        self.back = asyncio.Event()
+        self.blocked = False  # not ready, yet connected (flow control)
+
+    @property
+    def connected(self) -> bool:
+        return self.ready or self.blocked
+
+    async def wait_ready(self) -> None:
+        self.reconnects += 1
+        await self.back.wait()
         self.ready = True
 
 
@@ -120,6 +134,48 @@ async def test_express__a_burst_stops_claiming_when_the_broker_is_lost() -> None
     assert runner.batches == 1, "claimed again while the broker was away"
     done.set()
     await asyncio.wait_for(task, timeout=5)
+
+
+async def test_express__its_lost_connection_reconnects_once_across_drains_then_claims() -> None:
+    """Nothing else reconnects the lane's own broker connection: without its reconnect one
+    outage turned the lane off for the rest of the process's life. One reconnect at a time,
+    kept across drains (a connect cancelled half-way could leave it half open)."""
+    store, runner, publisher = _Store(), _Runner(), _Publisher()
+    publisher.ready = False
+    lane = ExpressLane(store, publisher, poll_s=0.001)  # type: ignore[arg-type]
+    store.newest = 10
+    for _ in range(2):  # two drains while the broker is away
+        done = asyncio.Event()
+        task = asyncio.ensure_future(lane.run_until(done, runner))
+        await wait_until(lambda: publisher.reconnects == 1, timeout_s=5, what="the reconnect")
+        await asyncio.sleep(0.02)
+        done.set()
+        await asyncio.wait_for(task, timeout=5)
+    assert (publisher.reconnects, store.looks, runner.batches) == (1, 0, 0), \
+        "one reconnect under way, no look and no claim while the broker is away"
+    publisher.back.set()
+    await wait_until(lambda: publisher.ready, timeout_s=5, what="reconnected")
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, runner))
+    await wait_until(lambda: store.looks > 5, timeout_s=5, what="looks")
+    store.newest, runner.pending = 11, 1
+    await wait_until(lambda: runner.batches == 1, timeout_s=5, what="a claim once it is back")
+    done.set()
+    await asyncio.wait_for(task, timeout=5)
+
+
+async def test_express__a_blocked_connection_is_not_reconnected() -> None:
+    """Flow control (connection.blocked) ends in place: a reconnect's wait would only log the
+    episode a second time."""
+    store, runner, publisher = _Store(), _Runner(), _Publisher()
+    publisher.ready, publisher.blocked = False, True
+    lane = ExpressLane(store, publisher, poll_s=0.001)  # type: ignore[arg-type]
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, runner))
+    await asyncio.sleep(0.05)
+    done.set()
+    await asyncio.wait_for(task, timeout=5)
+    assert (publisher.reconnects, store.looks, runner.batches) == (0, 0, 0)
 
 
 async def test_express__each_look_asks_only_for_a_transaction_newer_than_it_saw() -> None:
