@@ -23,12 +23,20 @@ still runs any part by hand, on one process.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.timeline import report as timeline_report  # noqa: E402
+
+# Each part's timeline (tests/timeline.py): which worker ran which module when.
+TIMELINES = REPO / ".ci" / "out" / "timeline"
 # The mark of the tests that must run with nothing beside them (pyproject.toml's markers).
 ALONE = "alone"
 WORKERS = 3
@@ -57,13 +65,19 @@ def outcome(statuses: list[int]) -> int:
 def main(args: list[str]) -> int:
     """Run the parts in turn (the later ones even when one failed: one report of all)."""
     statuses = []
-    for how, marks, command in parts(args):
+    for number, (how, marks, command) in enumerate(parts(args), 1):
         name = f"{how} ({marks})"
         print(f"==> tests, {name}", flush=True)
         started = time.monotonic()
-        status = subprocess.run(command, cwd=REPO, check=False).returncode
+        timeline = TIMELINES / f"part-{number}"
+        shutil.rmtree(timeline, ignore_errors=True)
+        timeline.mkdir(parents=True)
+        env = {**os.environ, "RELAY_TEST_TIMELINE": str(timeline)}
+        status = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
         print(f"==> tests, {name}: exit {status} after {time.monotonic() - started:.0f} s",
               flush=True)
+        if number == 1:
+            print(timeline_report(timeline), flush=True)
         statuses.append(status)
     return outcome(statuses)
 

@@ -1,20 +1,24 @@
-"""tests/kit/timeline.py: each worker's busy time, the failures, the modules that ended last."""
+"""tests/timeline.py: a worker's tests become the units it ran, in order, and the summary says
+who sat idle at the end."""
 
 from __future__ import annotations
 
-from tests.kit.timeline import report
+from pathlib import Path
 
-LINES = """\
-gw0 100.0 110.0 passed tests/unit/test_a.py::test_one
-gw0 110.0 130.0 failed tests/unit/test_a.py::test_two
-gw1 100.0 190.0 passed tests/spark/test_b.py::test_long
-"""
+from tests.timeline import report, spans
 
 
-def test_report__busy_seconds_per_worker_failures_and_modules_by_end() -> None:
-    lines = report(LINES).splitlines()
-    assert lines[0] == "gw0: 2 tests, busy 30 s, last ended at 30 s"
-    assert lines[1] == "gw1: 1 tests, busy 90 s, last ended at 90 s"
-    assert lines[2] == "failed: tests/unit/test_a.py::test_two"
-    assert [line.split()[-1] for line in lines[4:]] == ["tests/unit/test_a.py",
-                                                       "tests/spark/test_b.py"]
+def test_timeline__units_in_order_and_the_idle_tail(tmp_path: Path) -> None:
+    (tmp_path / "gw0.tsv").write_text(
+        "100.0\t130.0\ttests/chaos/test_a.py::one\n"
+        "130.0\t160.0\ttests/chaos/test_a.py::two\n"
+        "160.0\t161.0\ttests/spark/test_write_outbox.py::x\n"
+        "161.0\t200.0\ttests/spark/test_streaming.py::y\n")
+    (tmp_path / "gw1.tsv").write_text("100.0\t150.0\ttests/unit/test_b.py::one\n")
+    units = spans(tmp_path / "gw0.tsv")
+    assert [(u.unit, u.end - u.start, u.tests) for u in units] == [
+        ("tests/chaos/test_a.py", 60.0, 2),
+        ("tests/spark (the local Spark session's modules)", 40.0, 2)]
+    text = report(tmp_path)
+    assert "100 s from the first test's start" in text
+    assert "gw1: 1 units, busy 50 s, done at 50 s (idle 50 s at the end)" in text
