@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -241,21 +240,6 @@ async def consumer(env: Env) -> AsyncIterator[Consumer]:
         yield c
     finally:
         await c.stop()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
-    """With RELAY_TEST_TIMELINE (a directory; tests/run.py sets it): each test's start and end
-    (setup to teardown), one file per worker, for tests/timeline.py (where the suite's wall
-    clock goes: which worker ran what when, and who waited for whom at the end)."""
-    started = time.time()
-    result = yield
-    directory = os.environ.get("RELAY_TEST_TIMELINE")
-    if directory:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        with open(Path(directory) / f"{worker}.tsv", "a") as out:
-            out.write(f"{started:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
-    return result
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

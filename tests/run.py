@@ -24,7 +24,6 @@ still runs any part by hand, on one process.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -33,9 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.timeline import report as timeline_report  # noqa: E402
+from tests.kit import timeline as timeline_plugin  # noqa: E402
 
-# Each part's timeline (tests/timeline.py): which worker ran which module when.
+# Each part's timeline: which worker ran which test when (tests/kit/timeline.py).
 TIMELINES = REPO / ".ci" / "out" / "timeline"
 # The mark of the tests that must run with nothing beside them (pyproject.toml's markers).
 ALONE = "alone"
@@ -44,8 +43,9 @@ NO_TESTS_COLLECTED = 5  # pytest's exit status when the selection is empty
 
 
 def parts(args: list[str]) -> list[tuple[str, str, list[str]]]:
-    """Every part: name, mark expression and pytest command line."""
-    pytest = [sys.executable, "-m", "pytest"]
+    """Every part: name, mark expression and pytest command line (each writes its timeline,
+    tests/kit/timeline.py)."""
+    pytest = [sys.executable, "-m", "pytest", "-p", "tests.kit.timeline"]
     workers = [*pytest, "-n", str(WORKERS), "--dist", "loadfile"]
     together = f"not {ALONE}"
     return [
@@ -69,15 +69,16 @@ def main(args: list[str]) -> int:
         name = f"{how} ({marks})"
         print(f"==> tests, {name}", flush=True)
         started = time.monotonic()
-        timeline = TIMELINES / f"part-{number}"
-        shutil.rmtree(timeline, ignore_errors=True)
-        timeline.mkdir(parents=True)
-        env = {**os.environ, "RELAY_TEST_TIMELINE": str(timeline)}
+        timeline = TIMELINES / f"part-{number}.txt"
+        timeline.parent.mkdir(parents=True, exist_ok=True)
+        timeline.unlink(missing_ok=True)
+        env = {**os.environ, timeline_plugin.ENV: str(timeline)}
         status = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
         print(f"==> tests, {name}: exit {status} after {time.monotonic() - started:.0f} s",
               flush=True)
-        if number == 1:
-            print(timeline_report(timeline), flush=True)
+        if number == 1 and timeline.exists():
+            print(f"==> where part 1's time went ({timeline.relative_to(REPO)}):\n"
+                  f"{timeline_plugin.report(timeline.read_text(encoding='utf-8'))}", flush=True)
         statuses.append(status)
     return outcome(statuses)
 
