@@ -229,7 +229,8 @@ async def _open_express(settings: Settings, supervisors: Supervisors, outbox: Ou
         await publisher.close()
         await outbox.close()
         raise
-    return ExpressLane(outbox.express(), express, settings.express_poll_interval_s), express
+    return ExpressLane(outbox.express(), express, settings.express_poll_interval_s,
+                       main=publisher), express
 
 
 async def run(settings: Settings) -> None:

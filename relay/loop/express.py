@@ -53,6 +53,10 @@ class ExpressLane:
     # one, so it never walks the index entries of rows claimed since (while the xmin horizon
     # is pinned they stay in the index: a look walked every one, every few milliseconds).
     seen: int = 0
+    # The relay's main broker connection: the lane reconnects its own once that one is back,
+    # so a broker that is away or refuses logins (rotated credentials) sees the main
+    # connection's backed-off attempts only, not a second series beside them.
+    main: Publisher | None = None
     # The lane's reconnect after its broker connection was lost (see _reconnect).
     _reconnecting: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
 
@@ -134,13 +138,20 @@ class ExpressLane:
 
     def _reconnect(self) -> None:
         """Reconnect the lane's own broker connection, in the background and across drains,
-        until it is back (its supervisor, `broker-express`, backs off between attempts and logs
-        the outage). Nothing else reconnects it: without this, one broker outage turned the
-        lane off for the rest of the process's life. Not bound to the drain: a connect
-        cancelled half-way (the drain ended) could leave the connection half open."""
+        once the main connection is back (`_back`; its supervisor, `broker-express`, backs off
+        between attempts and logs the outage). Nothing else reconnects it: without this, one
+        broker outage turned the lane off for the rest of the process's life. Not bound to the
+        drain: a connect cancelled half-way (the drain ended) could leave it half open."""
         if self._reconnecting is None or self._reconnecting.done():
-            self._reconnecting = asyncio.ensure_future(self.publisher.wait_ready())
+            self._reconnecting = asyncio.ensure_future(self._back())
             self._reconnecting.add_done_callback(_reconnect_ended)
+
+    async def _back(self) -> None:
+        """Wait for the main connection (its reconnect: the lanes' wait shares it, no login
+        of its own), then reconnect the lane's."""
+        if self.main is not None:
+            await self.main.wait_ready()
+        await self.publisher.wait_ready()
 
     async def _burst(self, run_batch: BatchRunner, served: int, stage: Stage, *,
                      done: asyncio.Event, errors: list[DatabaseError]) -> None:

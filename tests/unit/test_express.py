@@ -164,6 +164,26 @@ async def test_express__its_lost_connection_reconnects_once_across_drains_then_c
     await asyncio.wait_for(task, timeout=5)
 
 
+async def test_express__reconnects_its_connection_only_once_the_main_one_is_back() -> None:
+    """A broker that is away or refuses logins sees the main connection's attempts only: the
+    lane's reconnect waits for the main connection first (rotated credentials: 12 logins in
+    6 s with both reconnecting, the bound is 10)."""
+    store, runner, publisher, main = _Store(), _Runner(), _Publisher(), _Publisher()
+    publisher.ready = main.ready = False
+    lane = ExpressLane(store, publisher, poll_s=0.001, main=main)  # type: ignore[arg-type]
+    done = asyncio.Event()
+    task = asyncio.ensure_future(lane.run_until(done, runner))
+    await wait_until(lambda: main.reconnects == 1, timeout_s=5, what="the wait for the main")
+    await asyncio.sleep(0.02)
+    assert publisher.reconnects == 0, "the lane logged in while the main connection was away"
+    main.back.set()
+    await wait_until(lambda: publisher.reconnects == 1, timeout_s=5, what="the lane's own")
+    publisher.back.set()
+    await wait_until(lambda: publisher.ready, timeout_s=5, what="the lane reconnected")
+    done.set()
+    await asyncio.wait_for(task, timeout=5)
+
+
 async def test_express__a_blocked_connection_is_not_reconnected() -> None:
     """Flow control (connection.blocked) ends in place: a reconnect's wait would only log the
     episode a second time."""
